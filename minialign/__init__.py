@@ -1,0 +1,1 @@
+"""minialign: a small, exact NumPy replication of "good views vs next-token prediction"."""
