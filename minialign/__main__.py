@@ -1,0 +1,42 @@
+"""Command line: python -m minialign {train,bench,export,...} --help."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    from . import bench, train
+    parser = argparse.ArgumentParser(
+        prog="python -m minialign",
+        description="Good views vs next-token prediction for text-image alignment, in NumPy.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = {}
+
+    def command(name, help, add_args, run):
+        add_args(sub.add_parser(name, help=help, description=help,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+        commands[name] = run
+
+    command("train", "train a text encoder with one objective on COCO captions",
+            train.add_train_args, train.run_train)
+    command("bench", "time training steps of each objective against numpy's GEMM peak",
+            bench.add_bench_args, bench.run_bench)
+    try:
+        from . import export
+        command("export", "one-time: COCO images -> frozen DINOv2 embeddings (.npz); "
+                "needs the [export] extra", export.add_export_args, export.run_export)
+    except ImportError:
+        pass
+    args = parser.parse_args(argv)
+    try:
+        commands[args.command](args)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"minialign {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"minialign {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

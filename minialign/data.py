@@ -1,0 +1,221 @@
+"""COCO captions -> cleaned captions per photo -> train/val/test split -> token batches.
+
+A "good views" pair is two different human captions of the same photo, so everything here
+is organised by photo: photos are split (never captions), and a batch draws B distinct photos
+and two distinct captions of each.
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minialign.tokenizer import MAX_LEN, PAD, Tokenizer, encode_all
+
+SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
+MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
+SPLIT_DIVISOR = 5   # 5000 photos -> 3000/1000/1000, 10,000 -> 8000/1000/1000
+MIN_SPLIT = 3       # fewest photos any split may hold
+
+
+def clean_caption(s: str) -> str:
+    """Strip, collapse every run of whitespace (spaces, tabs, newlines) to one space, lowercase.
+    "A man  riding\\n a horse. " -> "a man riding a horse." """
+    return " ".join(s.split()).lower()
+
+
+# eq=False on array-holding dataclasses: == on arrays has no single truth value.
+@dataclass(frozen=True, eq=False)
+class Captions:
+    """Cleaned captions of the photos kept from one COCO captions file."""
+    path: str
+    image_ids: np.ndarray                   # (P,) int64 COCO image ids, sorted ascending
+    captions: tuple[tuple[str, ...], ...]   # per photo: cleaned, distinct, >= 2, by annotation id
+    stats: dict                             # counts of what was read, dropped and kept (ints)
+
+
+def _read_coco_json(path: Path) -> dict:
+    """Parse the file and check its top level; errors name the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+        raise ValueError(f"{path}: not COCO captions format (no 'annotations' list at the top)")
+    if not isinstance(data.get("images", []), list):
+        raise ValueError(f"{path}: not COCO captions format ('images' is not a list)")
+    return data
+
+
+def _check_annotation(path: Path, i: int, ann) -> None:
+    """One annotation must be {"image_id": int, "id": int, "caption": str, ...}."""
+    if not isinstance(ann, dict):
+        raise ValueError(f"{path}: not COCO captions format (annotation {i} is not an object)")
+    for key in ("image_id", "id", "caption"):
+        if key not in ann:
+            raise ValueError(f"{path}: not COCO captions format (annotation {i} has no '{key}')")
+    for key in ("image_id", "id"):
+        if not isinstance(ann[key], int) or isinstance(ann[key], bool):
+            raise ValueError(f"{path}: annotation {i} has a non-integer '{key}': {ann[key]!r}")
+    if not isinstance(ann["caption"], str):
+        raise ValueError(f"{path}: annotation {i} (id {ann['id']}) caption is not a string: "
+                         f"{ann['caption']!r}")
+
+
+def load_coco_captions(path) -> Captions:
+    """Read a COCO captions JSON (e.g. captions_val2017.json) into per-photo clean captions.
+    Captions are read in annotation-id order, cleaned (clean_caption), empty ones dropped,
+    repeats within a photo dropped (first kept); photos left with < 2 captions are dropped.
+    Raises FileNotFoundError (missing file) or ValueError (not JSON, not COCO format, or no
+    photo with two distinct captions), each message starting with the path."""
+    path = Path(path)
+    data = _read_coco_json(path)
+    annotations = data["annotations"]
+    for i, ann in enumerate(annotations):
+        _check_annotation(path, i, ann)
+
+    by_photo: dict[int, list[str]] = {}
+    n_empty = n_duplicate = 0
+    for ann in sorted(annotations, key=lambda a: a["id"]):  # stable: file order breaks ties
+        caption = clean_caption(ann["caption"])
+        photo = by_photo.setdefault(ann["image_id"], [])
+        if caption == "":
+            n_empty += 1
+        elif caption in photo:
+            n_duplicate += 1
+        else:
+            photo.append(caption)
+
+    kept_ids = sorted(i for i, caps in by_photo.items() if len(caps) >= 2)
+    if not kept_ids:
+        raise ValueError(f"{path}: no photo has two distinct non-empty captions")
+    listed = {img.get("id") for img in data.get("images", []) if isinstance(img, dict)}
+    stats = {
+        "raw_images": len(data.get("images", [])),        # entries of the 'images' list
+        "raw_annotations": len(annotations),              # captions in the file
+        "raw_photos": len(by_photo),                      # distinct image_id among annotations
+        "empty_captions_dropped": n_empty,
+        "duplicate_captions_dropped": n_duplicate,        # repeats after cleaning, per photo
+        "photos_dropped_under_2_captions": len(by_photo) - len(kept_ids),
+        "photos_not_in_images": len(set(by_photo) - listed),  # kept anyway, if >= 2 captions
+        "images_without_captions": len(listed - set(by_photo)),
+        "photos": len(kept_ids),
+        "captions": sum(len(by_photo[i]) for i in kept_ids),
+        "max_captions_per_photo": max(len(by_photo[i]) for i in kept_ids),
+    }
+    image_ids = np.array(kept_ids, dtype=np.int64)        # (P,)
+    image_ids.setflags(write=False)
+    captions = tuple(tuple(by_photo[i]) for i in kept_ids)
+    return Captions(path=str(path), image_ids=image_ids, captions=captions, stats=stats)
+
+
+def split_photos(image_ids: np.ndarray, split_seed: int = SPLIT_SEED,
+                 n_val: int | None = None, n_test: int | None = None) -> dict[str, np.ndarray]:
+    """Split photos (never captions) into train/val/test, deterministically.
+    image_ids: (P,) distinct ints. n_val, n_test default to min(1000, P // 5); train gets the
+    rest. The photos are sorted by id and permuted by default_rng(split_seed), so the split
+    depends only on the set of ids and split_seed. Returns {"train", "val", "test"}: int64
+    index arrays into image_ids, each sorted ascending, disjoint, together covering 0..P-1.
+    Raises ValueError for repeated ids or if a split would hold fewer than 3 photos."""
+    image_ids = np.asarray(image_ids)
+    P = len(image_ids)
+    if len(np.unique(image_ids)) != P:
+        raise ValueError("image_ids must be distinct")
+    default = min(MAX_SPLIT, P // SPLIT_DIVISOR)
+    n_val = default if n_val is None else n_val
+    n_test = default if n_test is None else n_test
+    n_train = P - n_val - n_test
+    if min(n_train, n_val, n_test) < MIN_SPLIT:
+        raise ValueError(f"{P} photos cannot give train/val/test = {n_train}/{n_val}/{n_test}: "
+                         f"each split needs at least {MIN_SPLIT} photos")
+    by_id = np.argsort(image_ids, kind="stable")                        # (P,)
+    shuffled = by_id[np.random.default_rng(split_seed).permutation(P)]  # (P,)
+    return {
+        "train": np.sort(shuffled[n_val + n_test:]).astype(np.int64),  # (n_train,)
+        "val": np.sort(shuffled[:n_val]).astype(np.int64),             # (n_val,)
+        "test": np.sort(shuffled[n_val:n_val + n_test]).astype(np.int64),  # (n_test,)
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class CaptionTable:
+    """Token ids of every caption of some photos, in one padded array for fast batching.
+    Table photo p (0 <= p < P_t) owns rows offsets[p] .. offsets[p] + counts[p] - 1,
+    its captions in Captions order (slot 0, 1, ...). All arrays are read-only."""
+    photo_idx: np.ndarray  # (P_t,) int64 index of each table photo in Captions order
+    tokens: np.ndarray     # (n_captions, L) int32 [BOS .. EOS] then PAD; L = longest caption
+    lengths: np.ndarray    # (n_captions,) int64 tokens before padding
+    offsets: np.ndarray    # (P_t,) int64 first row of each photo
+    counts: np.ndarray     # (P_t,) int64 captions of each photo, >= 2
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """B photos and two different captions of each, padded to a common length T."""
+    photos: np.ndarray     # (B,) int64 distinct table photo indices
+    tokens_a: np.ndarray   # (B, T) int32 one caption of each photo
+    tokens_b: np.ndarray   # (B, T) int32 a different caption of the same photo
+
+
+def tokenize_photos(captions: Captions, photo_idx: np.ndarray, tok: Tokenizer,
+                    max_len: int = MAX_LEN) -> tuple[CaptionTable, int]:
+    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split).
+    Returns (table, number of captions truncated to max_len). Raises ValueError if photo_idx
+    is not 1-D, empty, repeats a photo, or is out of range."""
+    photo_idx = np.array(photo_idx, dtype=np.int64)  # a copy: it is made read-only below
+    P = len(captions.captions)
+    if photo_idx.ndim != 1 or len(photo_idx) == 0:
+        raise ValueError(f"photo_idx must be a non-empty 1-D array, got shape {photo_idx.shape}")
+    if photo_idx.min() < 0 or photo_idx.max() >= P or len(np.unique(photo_idx)) != len(photo_idx):
+        raise ValueError(f"photo_idx must be distinct indices in [0, {P})")
+    texts = [c for p in photo_idx for c in captions.captions[p]]
+    seqs, n_truncated = encode_all(tok, texts, max_len)
+    counts = np.array([len(captions.captions[p]) for p in photo_idx], dtype=np.int64)  # (P_t,)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)         # (P_t,)
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)                        # (n,)
+    tokens = np.full((len(seqs), lengths.max()), PAD, dtype=np.int32)                 # (n, L)
+    for row, s in enumerate(seqs):
+        tokens[row, :len(s)] = s
+    for a in (photo_idx, tokens, lengths, offsets, counts):
+        a.setflags(write=False)
+    table = CaptionTable(photo_idx=photo_idx, tokens=tokens, lengths=lengths,
+                         offsets=offsets, counts=counts)
+    return table, n_truncated
+
+
+def sample_batch(table: CaptionTable, batch_photos: int, rng: np.random.Generator) -> Batch:
+    """Draw B = batch_photos distinct photos uniformly without replacement, and for each an
+    ordered pair of distinct caption slots uniformly; all randomness from rng.
+    Returns Batch with tokens_a, tokens_b (B, T) int32, T = longest of the 2B captions.
+    Raises ValueError unless 1 <= batch_photos <= number of table photos."""
+    P_t = len(table.counts)
+    if not 1 <= batch_photos <= P_t:
+        raise ValueError(f"batch_photos must be in [1, {P_t}], got {batch_photos}")
+    photos = rng.choice(P_t, size=batch_photos, replace=False).astype(np.int64)  # (B,)
+    counts = table.counts[photos]                                               # (B,)
+    slot_a = rng.integers(0, counts)                                            # (B,)
+    # shift by 1..count-1 around the circle: slot_b is uniform over the other count-1 slots
+    slot_b = (slot_a + 1 + rng.integers(0, counts - 1)) % counts                # (B,)
+    rows_a = table.offsets[photos] + slot_a                                     # (B,)
+    rows_b = table.offsets[photos] + slot_b                                     # (B,)
+    T = int(max(table.lengths[rows_a].max(), table.lengths[rows_b].max()))
+    return Batch(photos=photos,
+                 tokens_a=table.tokens[rows_a, :T],                            # (B, T)
+                 tokens_b=table.tokens[rows_b, :T])                            # (B, T)
+
+
+def eval_tokens(table: CaptionTable, slot: int) -> tuple[np.ndarray, np.ndarray]:
+    """The caption in slot `slot` (0-based, Captions order) of every table photo that has
+    more than `slot` captions. Returns (tokens (B, T) int32 padded to the longest of them,
+    photos (B,) int64 table photo indices, ascending). Raises ValueError if slot < 0 or no
+    photo has that many captions."""
+    if slot < 0:
+        raise ValueError(f"slot must be >= 0, got {slot}")
+    photos = np.flatnonzero(table.counts > slot).astype(np.int64)  # (B,)
+    if len(photos) == 0:
+        raise ValueError(f"no photo has more than {slot} captions")
+    rows = table.offsets[photos] + slot                            # (B,)
+    T = int(table.lengths[rows].max())
+    return table.tokens[rows, :T], photos                          # (B, T), (B,)

@@ -1,0 +1,211 @@
+"""Transformer layers as forward/backward function pairs, written out by hand.
+
+Sizes used in shape comments throughout minialign:
+    B  batch (sequences)        T  tokens per sequence (after trimming padding)
+    D  model width              H  attention heads, Dh = D // H per head
+    F  MLP hidden width         L  blocks
+    V  vocabulary               N  evaluation photos
+
+Every `*_forward` returns `(y, cache)`; the matching `*_backward(dy, cache)` returns the
+gradients of the forward's array arguments, in the forward's argument order. A cache is a
+plain tuple the caller holds, so one layer can run twice (two views) before any backward.
+Layers never cast: float64 in the gradient checks, float32 in training. No layer writes into
+its `dy` or its cache.
+"""
+import numpy as np
+
+LN_EPS = 1e-5  # variance floor inside LayerNorm (GPT-2 / PyTorch default)
+GELU_C = np.sqrt(2.0 / np.pi)  # tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. in sec. 2)
+GELU_A = 0.044715  # cubic coefficient of the same approximation
+
+
+# ---------------------------------------------------------------- token embedding
+def embedding_forward(ids, weight):
+    """Row lookup y[b, t] = weight[ids[b, t]].
+    ids: (B, T) int; weight: (V, D). Returns y: (B, T, D) and a cache."""
+    y = weight[ids]                                                       # (B, T, D)
+    return y, (ids, weight.shape)
+
+
+def embedding_backward(dy, cache):
+    """dy: (B, T, D) -> dweight (V, D): each row sums the dy of every position that read it."""
+    ids, shape = cache
+    dweight = np.zeros(shape, dtype=dy.dtype)                             # (V, D)
+    np.add.at(dweight, ids.ravel(), dy.reshape(-1, shape[1]))            # repeated ids accumulate
+    return dweight
+
+
+# ---------------------------------------------------------------- linear
+def linear_forward(x, w, b):
+    """Affine map y = x @ w + b over the last axis.
+    x: (..., D_in); w: (D_in, D_out); b: (D_out,). Returns y: (..., D_out) and a cache."""
+    # as one 2-D GEMM: numpy would run a (B, T, D_in) @ w as B small products
+    y = (x.reshape(-1, w.shape[0]) @ w).reshape(*x.shape[:-1], w.shape[1])  # (..., D_out)
+    y += b
+    return y, (x, w)
+
+
+def linear_backward(dy, cache):
+    """dy: (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,)."""
+    x, w = cache
+    d_in, d_out = w.shape
+    dx = (dy.reshape(-1, d_out) @ w.T).reshape(*dy.shape[:-1], d_in)     # (..., D_in)
+    dw = x.reshape(-1, d_in).T @ dy.reshape(-1, d_out)                    # (D_in, D_out)
+    db = dy.reshape(-1, d_out).sum(axis=0)                                # (D_out,)
+    return dx, dw, db
+
+
+# ---------------------------------------------------------------- layernorm
+def layernorm_forward(x, gamma, beta, eps=LN_EPS):
+    """LayerNorm over the last axis (Ba, Kiros & Hinton 2016, eq. 4).
+    x: (..., D); gamma, beta: (D,). Returns y: (..., D) and a cache."""
+    mu = x.mean(axis=-1, keepdims=True)                                   # (..., 1)
+    xc = x - mu                                                           # (..., D)
+    inv_std = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    xhat = xc                                                             # (..., D) reuse xc's buffer
+    xhat *= inv_std
+    y = xhat * gamma                                                      # (..., D)
+    y += beta
+    return y, (xhat, inv_std, gamma)
+
+
+def layernorm_backward(dy, cache):
+    """dy: (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
+    xhat, inv_std, gamma = cache
+    D = xhat.shape[-1]
+    dbeta = dy.reshape(-1, D).sum(axis=0)                                 # (D,)
+    dgamma = (dy * xhat).reshape(-1, D).sum(axis=0)                       # (D,)
+    g = dy * gamma                                                        # (..., D) d/dxhat
+    # xhat rows have zero mean and unit variance: remove g's parts along ones and along xhat
+    proj = (g * xhat).mean(axis=-1, keepdims=True)                        # (..., 1)
+    dx = g - g.mean(axis=-1, keepdims=True)                               # (..., D)
+    dx -= xhat * proj
+    dx *= inv_std
+    return dx, dgamma, dbeta
+
+
+# ---------------------------------------------------------------- GELU (tanh form)
+def gelu_forward(x):
+    """GELU, tanh approximation: y = x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2/pi), a = 0.044715
+    (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache."""
+    u = x * x                                                             # (...) x^2, then the tanh
+    u *= GELU_A
+    u += 1.0
+    u *= x
+    u *= GELU_C                                                           # c (x + a x^3)
+    th = np.tanh(u, out=u)                                                # (...)
+    y = th + 1.0                                                          # (...)
+    y *= x
+    y *= 0.5
+    return y, (x, th)
+
+
+def gelu_backward(dy, cache):
+    """dy: same shape as x -> dx = dy * [ (1 + th)/2 + x/2 (1 - th^2) c (1 + 3 a x^2) ]."""
+    x, th = cache
+    dx = x * x                                                            # (...) x^2
+    dx *= 3.0 * GELU_A * GELU_C
+    dx += GELU_C                                                          # c (1 + 3 a x^2)
+    sech2 = th * th                                                       # (...)
+    np.subtract(1.0, sech2, out=sech2)                                    # 1 - tanh^2
+    dx *= sech2
+    dx *= x                                                               # x (1 - th^2) c (1 + 3a x^2)
+    dx += th
+    dx += 1.0
+    dx *= 0.5
+    dx *= dy
+    return dx
+
+
+# ---------------------------------------------------------------- attention
+def attention_bias(key_mask, causal, dtype):
+    """Additive attention bias: 0 where query t may read key s, -inf where it may not.
+    key_mask: (B, T) bool, True at real (non-padding) tokens. causal: also hide keys s > t.
+    Returns (B, 1, 1, T) or, if causal, (B, 1, T, T), in `dtype`."""
+    bias = np.where(key_mask, 0.0, -np.inf).astype(dtype)[:, None, None, :]  # (B, 1, 1, T)
+    if causal:
+        T = key_mask.shape[1]
+        future = np.triu(np.ones((T, T), dtype=bool), k=1)                # (T, T) s > t
+        bias = bias + np.where(future, -np.inf, 0.0).astype(dtype)        # (B, 1, T, T)
+    return bias
+
+
+def softmax_attention_forward(q, k, v, bias):
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1), batched over (B, H):
+    y = softmax(q k^T / sqrt(Dh) + bias) v.
+    q, k, v: (B, H, T, Dh); bias: broadcastable to (B, H, T, T), 0 or -inf.
+    A query with every key hidden (a fully padded sequence) gets all-zero weights and y = 0,
+    never NaN. Returns y: (B, H, T, Dh) and a cache."""
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    scores = q @ k.swapaxes(-1, -2)                                       # (B, H, T, T)
+    scores *= scale
+    scores += bias
+    m = scores.max(axis=-1, keepdims=True)                                # (B, H, T, 1)
+    m[np.isneginf(m)] = 0.0  # a row of only -inf: exp(-inf - 0) = 0 instead of nan
+    scores -= m
+    probs = np.exp(scores, out=scores)                                    # (B, H, T, T)
+    total = probs.sum(axis=-1, keepdims=True)                             # (B, H, T, 1)
+    total[total == 0.0] = 1.0  # the same fully hidden rows: 0 / 1 = 0
+    probs /= total
+    y = probs @ v                                                         # (B, H, T, Dh)
+    return y, (q, k, v, probs, scale)
+
+
+def softmax_attention_backward(dy, cache):
+    """dy: (B, H, T, Dh) -> dq, dk, dv, each (B, H, T, Dh)."""
+    q, k, v, probs, scale = cache
+    dv = probs.swapaxes(-1, -2) @ dy                                      # (B, H, T, Dh)
+    dprobs = dy @ v.swapaxes(-1, -2)                                      # (B, H, T, T)
+    # softmax Jacobian: dscores = probs * (dprobs - sum_s probs dprobs); hidden keys have probs 0
+    dscores = dprobs
+    dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
+    dscores *= probs
+    dscores *= scale                                                      # forward: scores *= scale
+    dq = dscores @ k                                                      # (B, H, T, Dh)
+    dk = dscores.swapaxes(-1, -2) @ q                                     # (B, H, T, Dh)
+    return dq, dk, dv
+
+
+def mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, n_heads):
+    """Multi-head self-attention (Vaswani et al. 2017, sec. 3.2.2) with one fused q/k/v projection.
+    x: (B, T, D); w_qkv: (D, 3D); b_qkv: (3D,); w_o: (D, D); b_o: (D,);
+    bias: attention_bias(...). Returns y: (B, T, D) and a cache."""
+    B, T, D = x.shape
+    H, Dh = n_heads, D // n_heads
+    qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                         # (B, T, 3D)
+    qkv = qkv.reshape(B, T, 3, H, Dh).transpose(2, 0, 3, 1, 4)            # (3, B, H, T, Dh)
+    a, c_att = softmax_attention_forward(qkv[0], qkv[1], qkv[2], bias)  # (B, H, T, Dh)
+    a = a.transpose(0, 2, 1, 3).reshape(B, T, D)                          # (B, T, D) heads side by side
+    y, c_o = linear_forward(a, w_o, b_o)                                  # (B, T, D)
+    return y, (c_qkv, c_att, c_o, n_heads)
+
+
+def mha_backward(dy, cache):
+    """dy: (B, T, D) -> dx (B, T, D), dw_qkv, db_qkv, dw_o, db_o."""
+    c_qkv, c_att, c_o, H = cache
+    B, T, D = dy.shape
+    Dh = D // H
+    da, dw_o, db_o = linear_backward(dy, c_o)                             # (B, T, D)
+    da = da.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)                    # (B, H, T, Dh)
+    dq, dk, dv = softmax_attention_backward(da, c_att)                    # 3 x (B, H, T, Dh)
+    dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * D)  # (B, T, 3D)
+    dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (B, T, D)
+    return dx, dw_qkv, db_qkv, dw_o, db_o
+
+
+# ---------------------------------------------------------------- pooling
+def masked_mean_forward(h, mask):
+    """Mean over the real tokens of each sequence: z_b = sum_t m_bt h_bt / max(1, sum_t m_bt).
+    h: (B, T, D); mask: (B, T) bool. A sequence with no real token pools to 0.
+    Returns z: (B, D) and a cache."""
+    w = mask / np.maximum(mask.sum(axis=1, keepdims=True), 1)             # (B, T) weights 1/n_b
+    w = w.astype(h.dtype)
+    z = np.einsum("bt,btd->bd", w, h)                                     # (B, D)
+    return z, (w,)
+
+
+def masked_mean_backward(dz, cache):
+    """dz: (B, D) -> dh (B, T, D) = w_bt dz_b."""
+    (w,) = cache
+    dh = w[:, :, None] * dz[:, None, :]                                   # (B, T, D)
+    return dh

@@ -1,0 +1,89 @@
+"""Losses with their gradients: VICReg on pairs of caption embeddings, cross-entropy on
+next tokens. Each returns (loss, gradient of its array inputs, stats dict of floats)."""
+import numpy as np
+
+VICREG_VAR_EPS = 1e-4  # floor inside sqrt(var + eps) (Bardes et al. 2022, eq. 1; released code)
+VICREG_STD_TARGET = 1.0  # gamma in eq. 1: the per-dimension std the hinge pushes up to
+
+
+def _variance_term(z):
+    """v(Z) = mean_j relu(1 - sqrt(Var(z_j) + eps)), unbiased (N-1) variance (VICReg eq. 1).
+    z: (N, D). Returns v and dv/dz (N, D)."""
+    N, D = z.shape
+    zc = z - z.mean(axis=0)                                               # (N, D)
+    std = np.sqrt((zc * zc).sum(axis=0) / (N - 1) + VICREG_VAR_EPS)       # (D,)
+    hinge = VICREG_STD_TARGET - std                                       # (D,)
+    v = np.maximum(hinge, 0.0).mean()
+    # d std_j / d z_ij = zc_ij / ((N-1) std_j); the mean over rows of zc is 0, so no centring term
+    dstd = -(hinge > 0).astype(z.dtype) / D                                              # (D,)
+    dz = zc * (dstd / ((N - 1) * std))                                    # (N, D)
+    return v, dz
+
+
+def _covariance_term(z):
+    """c(Z) = sum_{j != k} C_jk^2 / D with C = zc^T zc / (N-1) (VICReg eq. 3-4).
+    z: (N, D). Returns c and dc/dz (N, D)."""
+    N, D = z.shape
+    zc = z - z.mean(axis=0)                                               # (N, D)
+    C = zc.T @ zc / (N - 1)                                               # (D, D)
+    off = C - np.diag(np.diag(C))                                         # (D, D) zero diagonal
+    c = (off * off).sum() / D
+    # dc/dC = 2 off / D, and C is quadratic in zc: dc/dzc = zc (dC + dC^T) / (N-1).
+    # The rows of zc @ off average to 0 (zc is centred), so centring adds no term.
+    dz = zc @ off * (4.0 / (D * (N - 1)))                                 # (N, D)
+    return c, dz
+
+
+def vicreg_loss(z_a, z_b, sim_weight=25.0, var_weight=25.0, cov_weight=1.0):
+    """VICReg (Bardes, Ponce & LeCun 2022, eq. 6) between two batches of paired embeddings:
+        loss = sim_weight * s(Z_a, Z_b) + var_weight * [v(Z_a) + v(Z_b)] / 2
+               + cov_weight * [c(Z_a) + c(Z_b)]
+    s = mean over the N rows and D dimensions of (z_a - z_b)^2 (eq. 5 divided by D);
+    v = mean_j relu(1 - sqrt(Var(z_j) + 1e-4)), unbiased variance (eq. 1);
+    c = sum of squared off-diagonal entries of the (N-1) covariance, divided by D (eq. 4).
+    The paper's eq. 6 sums the two variance terms; we average them, as the authors' released
+    code does (facebookresearch/vicreg main_vicreg.py), so with the published weights 25/25/1
+    the variance hinge has the same strength as in every released VICReg run.
+    Weights: sim_weight = lambda, var_weight = mu, cov_weight = nu in the paper.
+    z_a, z_b: (N, D) float, row i of each is one pair; N >= 2.
+    Returns loss (float), (dz_a, dz_b) each (N, D), and stats {loss, inv, var, cov}."""
+    assert z_a.shape == z_b.shape and z_a.ndim == 2, (z_a.shape, z_b.shape)
+    N, D = z_a.shape
+    if N < 2:
+        raise ValueError(f"VICReg needs at least 2 pairs for a variance, got N={N}")
+    diff = z_a - z_b                                                      # (N, D)
+    inv = (diff * diff).mean()
+    dinv = diff * (2.0 / (N * D))                                         # (N, D) d inv / d z_a
+    var_a, dvar_a = _variance_term(z_a)
+    var_b, dvar_b = _variance_term(z_b)
+    cov_a, dcov_a = _covariance_term(z_a)
+    cov_b, dcov_b = _covariance_term(z_b)
+    var, cov = (var_a + var_b) / 2, cov_a + cov_b
+    loss = sim_weight * inv + var_weight * var + cov_weight * cov
+    dz_a = sim_weight * dinv + (var_weight / 2) * dvar_a + cov_weight * dcov_a  # (N, D)
+    dz_b = -sim_weight * dinv + (var_weight / 2) * dvar_b + cov_weight * dcov_b  # (N, D)
+    stats = {"loss": float(loss), "inv": float(inv), "var": float(var), "cov": float(cov)}
+    return float(loss), (dz_a, dz_b), stats
+
+
+def cross_entropy(logits, targets):
+    """Softmax cross-entropy averaged over the given targets: mean_i -log softmax(logits_i)[t_i].
+    The caller passes only positions that have a real next token (no padding), so the mean is
+    over non-padding targets. logits: (n, V) float; targets: (n,) int in [0, V).
+    Returns loss (float), dlogits (n, V) = (softmax - onehot) / n, and stats {ce, targets (= n)}."""
+    n, V = logits.shape
+    assert targets.shape == (n,), (targets.shape, n)
+    if n == 0:
+        raise ValueError("cross_entropy over zero targets")
+    rows = np.arange(n)
+    # subtract the row max before exp: same softmax, no overflow
+    shifted = logits - logits.max(axis=1, keepdims=True)                 # (n, V)
+    probs = np.exp(shifted)                                               # (n, V) unnormalised
+    total = probs.sum(axis=1, keepdims=True)                              # (n, 1)
+    nll = np.log(total[:, 0]) - shifted[rows, targets]                    # (n,)
+    loss = float(nll.astype(np.float64).mean())
+    probs /= total
+    dlogits = probs                                                       # (n, V) softmax
+    dlogits[rows, targets] -= 1.0
+    dlogits /= n
+    return loss, dlogits, {"ce": loss, "targets": n}

@@ -1,0 +1,231 @@
+"""Evaluation metrics: caption retrieval, collapse diagnostics, and text-image alignment.
+
+Sizes: N samples (photos), D caption-embedding width, D_img image-embedding width (768 for
+DINOv2-base), K neighbours. Every metric casts its inputs to float64 first (float32 embeddings
+in, float64 arithmetic), and every sort is `kind="stable"`, so ties always go to the lower index.
+
+Text side (no image model needed):
+    recall_at_k, paraphrase_r_at_1, collapse_stats
+Image alignment (frozen DINOv2 embeddings of the same photos):
+    mutual_knn, prepare_for_rotation, fit_rotation, procrustes_recall
+Per caption slot (COCO photos have 5 captions):
+    slot_metrics
+"""
+import numpy as np
+
+DEFAULT_KS = (1, 5, 10)  # recall cut-offs reported by the replication (R@1, R@5, R@10)
+MUTUAL_KNN_K = 10  # neighbours per point in the replication; chance K / (N - 1) = 0.010 at N = 1000
+COLLAPSE_RMS_TOL = 1e-6  # unit rows whose RMS distance to their mean is below this are one point
+#                          up to float32 rounding (float32 eps ~ 1.2e-7); effective rank is then 1
+
+
+def _check_matrix(x, name):
+    """Return x as a float64 (N, D) array; ValueError if it is not 2-D, empty or not finite."""
+    x = np.asarray(x, dtype=np.float64)                                       # (N, D)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (N, D) array, got shape {x.shape}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} contains NaN or Inf")
+    return x
+
+
+def l2_normalize(x):
+    """Scale each row to unit Euclidean norm.
+    x: (N, D) float. Returns (N, D) float64 with ||row||_2 = 1.
+    Raises ValueError for a zero row (it has no direction, so no cosine similarity)."""
+    x = _check_matrix(x, "x")                                                 # (N, D)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)                          # (N, 1)
+    if np.any(norms == 0):
+        raise ValueError(f"x has {int(np.sum(norms == 0))} all-zero row(s); cannot L2-normalise")
+    return x / norms                                                          # (N, D)
+
+
+def cosine_similarity(a, b):
+    """Cosine similarity of every row of a with every row of b.
+    a: (N_a, D), b: (N_b, D) float. Returns (N_a, N_b) float64 in [-1, 1]."""
+    a, b = _check_matrix(a, "a"), _check_matrix(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a and b must have the same width, got {a.shape} and {b.shape}")
+    return l2_normalize(a) @ l2_normalize(b).T                                # (N_a, N_b)
+
+
+def recall_at_k(sim, ks=DEFAULT_KS):
+    """Recall@k for retrieval where the correct gallery item of query i is gallery item i.
+    sim: (N_query, N_gallery) float, higher = more similar, N_query <= N_gallery.
+    Rank of query i (0 = retrieved first) = #{j : sim[i, j] > sim[i, i]}
+        + #{j < i : sim[i, j] == sim[i, i]}, i.e. tied items go first when their index is lower,
+    the same rule as np.argmax (first occurrence) and a stable sort of -sim[i].
+    ks: positive ints. Returns {"R@k": fraction of queries with rank < k} for each k, floats in
+    [0, 1] (chance ~ k / N_gallery; 1.0 whenever k >= N_gallery).
+    Raises ValueError for a non-2-D or non-finite sim, N_query > N_gallery, or a k < 1."""
+    sim = _check_matrix(sim, "sim")                                           # (Nq, Ng)
+    n_query, n_gallery = sim.shape
+    if n_query > n_gallery:
+        raise ValueError(f"sim has more queries ({n_query}) than gallery items ({n_gallery})")
+    if any(int(k) != k or k < 1 for k in ks):
+        raise ValueError(f"ks must be positive integers, got {ks}")
+    rows = np.arange(n_query)                                                 # (Nq,)
+    correct = sim[rows, rows][:, None]                                        # (Nq, 1)
+    cols = np.arange(n_gallery)[None, :]                                      # (1, Ng)
+    beats = (sim > correct) | ((sim == correct) & (cols < rows[:, None]))     # (Nq, Ng)
+    rank = beats.sum(axis=1)                                                  # (Nq,)
+    return {f"R@{k}": float(np.mean(rank < k)) for k in ks}
+
+
+def paraphrase_r_at_1(z_query, z_gallery):
+    """Paraphrase retrieval R@1: does a caption find another caption of its own photo?
+    z_query, z_gallery: (N, D) caption embeddings; row i of each is a DIFFERENT caption of
+    photo i. Cosine similarity; ties go to the lower index (recall_at_k).
+    Returns a float in [0, 1], the fraction of queries whose most similar gallery row is row i
+    (chance 1 / N). Raises ValueError for mismatched shapes (and as cosine_similarity)."""
+    z_query, z_gallery = _check_matrix(z_query, "z_query"), _check_matrix(z_gallery, "z_gallery")
+    if z_query.shape != z_gallery.shape:
+        raise ValueError(f"z_query {z_query.shape} and z_gallery {z_gallery.shape} must match")
+    sim = cosine_similarity(z_query, z_gallery)                               # (N, N)
+    return recall_at_k(sim, ks=(1,))["R@1"]
+
+
+def collapse_stats(z):
+    """Collapse diagnostics of caption embeddings, computed on L2-normalised rows.
+    z: (N, D) float. Returns a dict of floats:
+      "std": mean over the D dimensions of the per-dimension (population, ddof=0) std of the
+          unit rows. 0 = full collapse (every caption maps to one direction); ~1 / sqrt(D) for
+          isotropic unit vectors (the collapse diagnostic of SimSiam, Chen & He 2021).
+      "effective_rank": exp(H(p)), p_i = s_i / sum_j s_j over the singular values s of the
+          CENTRED unit rows (Roy & Vetterli 2007, "The effective rank: a measure of effective
+          dimensionality"; 0 log 0 = 0).
+          We centre so that the shared mean direction, which every anisotropic embedding has,
+          does not count as a dimension of variation. Range [1, min(N - 1, D)]; 1 when all rows
+          coincide (RMS distance to their mean < COLLAPSE_RMS_TOL), where p is undefined.
+    Raises ValueError for a zero, NaN or Inf row or a non-2-D z."""
+    u = l2_normalize(z)                                                       # (N, D)
+    std = float(np.mean(u.std(axis=0)))
+    centred = u - u.mean(axis=0, keepdims=True)                               # (N, D)
+    if np.sqrt(np.mean(np.sum(centred**2, axis=1))) < COLLAPSE_RMS_TOL:
+        return {"std": std, "effective_rank": 1.0}
+    s = np.linalg.svd(centred, compute_uv=False)                              # (min(N, D),)
+    # drop singular values that are rounding noise (numpy.linalg.matrix_rank's tolerance)
+    s = s[s > s.max() * max(centred.shape) * np.finfo(np.float64).eps]        # (r,)
+    p = s / s.sum()                                                           # (r,)
+    entropy = -np.sum(p * np.log(p))
+    return {"std": std, "effective_rank": float(np.exp(entropy))}
+
+
+def knn_indices(x, k):
+    """Indices of each row's k nearest neighbours by cosine similarity, itself excluded.
+    x: (N, D) float; 1 <= k < N. Returns (N, k) int64, nearest first; ties go to the lower
+    index (stable sort of -similarity). Raises ValueError for k outside [1, N - 1]."""
+    x = _check_matrix(x, "x")                                                 # (N, D)
+    n = x.shape[0]
+    if not 1 <= k < n:
+        raise ValueError(f"k must satisfy 1 <= k < N = {n} (self is excluded), got k = {k}")
+    sim = cosine_similarity(x, x)                                             # (N, N)
+    np.fill_diagonal(sim, -np.inf)  # a point is never its own neighbour
+    order = np.argsort(-sim, axis=1, kind="stable")                          # (N, N)
+    return order[:, :k]                                                       # (N, K)
+
+
+def mutual_knn(A, B, k=MUTUAL_KNN_K):
+    """Mutual k-NN alignment (Huh et al. 2024, "The Platonic Representation Hypothesis").
+    A: (N, D_a), B: (N, D_b) float; row i of A and of B describe the same photo i (e.g. a
+    caption embedding and its DINOv2 image embedding). Rows are L2-normalised; each sample's k
+    nearest neighbours by cosine similarity are found WITHIN A and WITHIN B, itself excluded,
+    ties to the lower index. Returns a float in [0, 1]: mean_i |knn_A(i) & knn_B(i)| / k
+    (1 = same neighbourhoods; chance ~ k / (N - 1), 0.010 for k = 10, N = 1000).
+    Note: the replication's prose describes a cross-modal nearest-neighbour match, which cannot
+    be computed between a 256-d and a 768-d space without a map; this within-space definition
+    is the one its chance level (0.010) matches.
+    Raises ValueError for non-2-D inputs, different N, NaN/Inf, zero rows, or k >= N."""
+    A, B = _check_matrix(A, "A"), _check_matrix(B, "B")
+    if A.shape[0] != B.shape[0]:
+        raise ValueError(f"A and B must have the same number of rows (samples), "
+                         f"got {A.shape[0]} and {B.shape[0]}")
+    n = A.shape[0]
+    if not 1 <= k < n:
+        raise ValueError(f"k must satisfy 1 <= k < N = {n} (self is excluded), got k = {k}")
+    rows = np.arange(n)[:, None]                                              # (N, 1)
+    in_knn_A = np.zeros((n, n), dtype=bool)                                   # (N, N)
+    in_knn_A[rows, knn_indices(A, k)] = True
+    in_knn_B = np.zeros((n, n), dtype=bool)                                   # (N, N)
+    in_knn_B[rows, knn_indices(B, k)] = True
+    overlap = np.sum(in_knn_A & in_knn_B, axis=1)                             # (N,)
+    return float(np.mean(overlap / k))
+
+
+def prepare_for_rotation(x, mean):
+    """Centre with the TRAIN mean, then L2-normalise rows, before fitting or applying a rotation.
+    x: (N, D) float; mean: (D,) the mean of the training rows of the same space.
+    Procrustes assumes centred clouds: a rotation cannot move a mean offset (DINOv2 features
+    have a large one) onto the other space's offset. Normalising removes the norm differences
+    between the two spaces, so the fit matches directions, which is what cosine ranking uses.
+    The train mean is used for test rows too, so no test statistics leak into the fit.
+    Returns (N, D) float64 unit rows. Raises ValueError for a wrong-shape mean or a row equal to
+    the mean."""
+    x = _check_matrix(x, "x")                                                 # (N, D)
+    mean = np.asarray(mean, dtype=np.float64)                                 # (D,)
+    if mean.shape != (x.shape[1],):
+        raise ValueError(f"mean must have shape ({x.shape[1]},), got {mean.shape}")
+    return l2_normalize(x - mean)                                             # (N, D)
+
+
+def fit_rotation(z_text, img):
+    """Orthogonal Procrustes (Schönemann 1966): W = argmin ||z_text W - img||_F s.t. W W^T = I.
+    z_text: (N, D) caption embeddings, img: (N, D_img) image embeddings, row i = photo i, both
+    from prepare_for_rotation; D <= D_img. With z_text^T img = U S V^T (thin SVD), W = U V^T.
+    Returns W: (D, D_img) float64, semi-orthogonal (W W^T = I_D, so z W keeps norms and angles).
+    Raises ValueError if D > D_img, the row counts differ, or inputs are not finite 2-D."""
+    z_text, img = _check_matrix(z_text, "z_text"), _check_matrix(img, "img")
+    if z_text.shape[0] != img.shape[0]:
+        raise ValueError(f"z_text and img must have the same number of rows, "
+                         f"got {z_text.shape[0]} and {img.shape[0]}")
+    if z_text.shape[1] > img.shape[1]:
+        raise ValueError(f"need D_text <= D_img for W W^T = I, "
+                         f"got {z_text.shape[1]} > {img.shape[1]}")
+    m = z_text.T @ img                                                        # (D, D_img)
+    u, _, vt = np.linalg.svd(m, full_matrices=False)                          # (D, D), (D, D_img)
+    return u @ vt                                                             # (D, D_img)
+
+
+def procrustes_recall(z_text_train, img_train, z_text_test, img_test, ks=DEFAULT_KS):
+    """Caption -> image retrieval after a fitted rotation (orthogonal Procrustes).
+    Fit W on train photos (caption, image) pairs, map test captions z W, rank all test images
+    by cosine similarity; the correct image of test caption i is test image i.
+    z_text_*: (N_*, D), img_*: (N_*, D_img) float, D <= D_img. Each space is centred with its
+    own TRAIN mean and L2-normalised (prepare_for_rotation).
+    Returns {"R@k": float in [0, 1]} for k in ks (chance ~ k / N_test). Raises ValueError as
+    fit_rotation and recall_at_k, or for mismatched widths or row counts."""
+    z_text_train = _check_matrix(z_text_train, "z_text_train")               # (N_train, D)
+    img_train = _check_matrix(img_train, "img_train")                        # (N_train, D_img)
+    z_text_test = _check_matrix(z_text_test, "z_text_test")                  # (N_test, D)
+    img_test = _check_matrix(img_test, "img_test")                           # (N_test, D_img)
+    if z_text_test.shape[0] != img_test.shape[0]:
+        raise ValueError(f"z_text_test and img_test must have the same number of rows, "
+                         f"got {z_text_test.shape[0]} and {img_test.shape[0]}")
+    if (z_text_test.shape[1], img_test.shape[1]) != (z_text_train.shape[1], img_train.shape[1]):
+        raise ValueError(f"test widths {(z_text_test.shape[1], img_test.shape[1])} differ from "
+                         f"train widths {(z_text_train.shape[1], img_train.shape[1])}")
+    text_mean = z_text_train.mean(axis=0)                                     # (D,)
+    img_mean = img_train.mean(axis=0)                                         # (D_img,)
+    w = fit_rotation(prepare_for_rotation(z_text_train, text_mean),
+                     prepare_for_rotation(img_train, img_mean))               # (D, D_img)
+    mapped = prepare_for_rotation(z_text_test, text_mean) @ w                 # (N_test, D_img)
+    sim = cosine_similarity(mapped, prepare_for_rotation(img_test, img_mean))  # (N_test, N_test)
+    return recall_at_k(sim, ks=ks)
+
+
+def slot_metrics(metric, z_slots, *args, **kwargs):
+    """Evaluate a metric once per caption slot (COCO photos have 5 captions, slots 0..4).
+    metric: callable(z, *args, **kwargs) -> float, e.g. mutual_knn with args=(img,) or
+    lambda z: procrustes_recall(...)["R@1"]; z_slots: list of (N, D) arrays, z_slots[s][i]
+    = embedding of caption s of photo i.
+    Returns {"mean": mean over slots, "slot0": slot 0's value, "per_slot": [value per slot]},
+    all floats. Raises ValueError for an empty list or slots of different shapes."""
+    if len(z_slots) == 0:
+        raise ValueError("z_slots must hold at least one (N, D) array")
+    shapes = {np.shape(z) for z in z_slots}
+    if len(shapes) != 1:
+        raise ValueError(f"all slots must have the same shape, got {sorted(shapes)}")
+    per_slot = [float(metric(z, *args, **kwargs)) for z in z_slots]
+    return {"mean": float(np.mean(per_slot)), "slot0": per_slot[0], "per_slot": per_slot}

@@ -1,0 +1,142 @@
+"""The text encoder: token + position embeddings -> L pre-LN transformer blocks -> final
+LayerNorm -> masked mean pool -> one D-dim caption embedding z. Plus the tied next-token head.
+
+Parameters and gradients are two flat dicts with the same keys:
+    tok_emb (V, D), pos_emb (T_max, D),
+    blocks.{i}.ln1.gamma/beta (D,), blocks.{i}.attn.w_qkv (D, 3D), .b_qkv (3D,),
+    blocks.{i}.attn.w_o (D, D), .b_o (D,), blocks.{i}.ln2.gamma/beta (D,),
+    blocks.{i}.mlp.w_in (D, F), .b_in (F,), blocks.{i}.mlp.w_out (F, D), .b_out (D,),
+    ln_f.gamma/beta (D,).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layers import (attention_bias, embedding_backward, embedding_forward, gelu_backward,
+                     gelu_forward, layernorm_backward, layernorm_forward, linear_backward,
+                     linear_forward, masked_mean_backward, masked_mean_forward, mha_backward,
+                     mha_forward)
+from .tokenizer import PAD
+
+INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the text encoder. Defaults: the replication's 4-layer, width-256 encoder."""
+    vocab_size: int = 6000      # V, set from the tokenizer built on the training captions
+    max_len: int = 64           # T_max: learned positions, captions are truncated to this
+    d_model: int = 256          # D
+    n_layers: int = 4           # L
+    n_heads: int = 4            # H (D must divide by H)
+    mlp_ratio: int = 4          # F = mlp_ratio * D
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+
+
+def init_params(cfg, rng, dtype=np.float32):
+    """Fresh weights: N(0, INIT_STD^2) matrices and embeddings, with the two projections that
+    write into the residual stream (attn.w_o, mlp.w_out) scaled by 1/sqrt(2L) as in GPT-2;
+    zero biases, LayerNorm gains 1 and shifts 0. rng: numpy Generator. Returns {name: array}."""
+    D, F, L = cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.n_layers
+    normal = lambda *shape, std=INIT_STD: (std * rng.standard_normal(shape)).astype(dtype)
+    resid_std = INIT_STD / np.sqrt(2 * L)
+    params = {"tok_emb": normal(cfg.vocab_size, D), "pos_emb": normal(cfg.max_len, D)}
+    for i in range(L):
+        p = f"blocks.{i}."
+        params.update({
+            p + "ln1.gamma": np.ones(D, dtype), p + "ln1.beta": np.zeros(D, dtype),
+            p + "attn.w_qkv": normal(D, 3 * D), p + "attn.b_qkv": np.zeros(3 * D, dtype),
+            p + "attn.w_o": normal(D, D, std=resid_std), p + "attn.b_o": np.zeros(D, dtype),
+            p + "ln2.gamma": np.ones(D, dtype), p + "ln2.beta": np.zeros(D, dtype),
+            p + "mlp.w_in": normal(D, F), p + "mlp.b_in": np.zeros(F, dtype),
+            p + "mlp.w_out": normal(F, D, std=resid_std), p + "mlp.b_out": np.zeros(D, dtype),
+        })
+    params["ln_f.gamma"], params["ln_f.beta"] = np.ones(D, dtype), np.zeros(D, dtype)
+    return params
+
+
+def param_count(params):
+    """Total number of scalars in a parameter dict."""
+    return int(sum(p.size for p in params.values()))
+
+
+def encode(params, tokens, cfg, causal=False):
+    """Caption embedding of a batch of token ids.
+    tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
+    causal: each token reads only itself and earlier tokens (next-token training) instead of
+    the whole caption. Returns z (B, D) mean of the final hidden states over real tokens,
+    h (B, T, D) the final hidden states (after the final LayerNorm), and a cache."""
+    B, T = tokens.shape
+    assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
+    mask = tokens != PAD                                                  # (B, T) real tokens
+    dtype = params["tok_emb"].dtype
+    bias = attention_bias(mask, causal, dtype)                            # (B, 1, 1|T, T)
+    h, c_emb = embedding_forward(tokens, params["tok_emb"])              # (B, T, D)
+    h += params["pos_emb"][:T]
+    blocks = []
+    for i in range(cfg.n_layers):
+        p = f"blocks.{i}."
+        a, c_ln1 = layernorm_forward(h, params[p + "ln1.gamma"], params[p + "ln1.beta"])
+        a, c_att = mha_forward(a, params[p + "attn.w_qkv"], params[p + "attn.b_qkv"],
+                               params[p + "attn.w_o"], params[p + "attn.b_o"], bias, cfg.n_heads)
+        h = h + a                                                         # (B, T, D) residual
+        m, c_ln2 = layernorm_forward(h, params[p + "ln2.gamma"], params[p + "ln2.beta"])
+        m, c_in = linear_forward(m, params[p + "mlp.w_in"], params[p + "mlp.b_in"])  # (B, T, F)
+        m, c_gelu = gelu_forward(m)                                       # (B, T, F)
+        m, c_out = linear_forward(m, params[p + "mlp.w_out"], params[p + "mlp.b_out"])  # (B, T, D)
+        h = h + m                                                         # (B, T, D) residual
+        blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
+    h, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (B, T, D)
+    z, c_pool = masked_mean_forward(h, mask)                              # (B, D)
+    return z, h, (c_emb, blocks, c_lnf, c_pool, T)
+
+
+def encode_backward(dz, dh, cache, params, cfg):
+    """Undo `encode` call for call, in reverse.
+    dz: (B, D) gradient of the loss w.r.t. z; dh: (B, T, D) w.r.t. the final hidden states h,
+    or None when the loss reads only z. Returns {name: gradient}, same keys as params."""
+    c_emb, blocks, c_lnf, c_pool, T = cache
+    grads = {}
+    dhf = masked_mean_backward(dz, c_pool)                                # (B, T, D)
+    if dh is not None:
+        dhf += dh                                                         # h fed both pool and head
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf, c_lnf)
+    for i in reversed(range(cfg.n_layers)):
+        p = f"blocks.{i}."
+        c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
+        # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
+        dm, grads[p + "mlp.w_out"], grads[p + "mlp.b_out"] = linear_backward(dh, c_out)
+        dm = gelu_backward(dm, c_gelu)
+        dm, grads[p + "mlp.w_in"], grads[p + "mlp.b_in"] = linear_backward(dm, c_in)
+        dm, grads[p + "ln2.gamma"], grads[p + "ln2.beta"] = layernorm_backward(dm, c_ln2)
+        dh = dh + dm
+        # forward: h = h + attn(ln1(h))
+        da, grads[p + "attn.w_qkv"], grads[p + "attn.b_qkv"], grads[p + "attn.w_o"], \
+            grads[p + "attn.b_o"] = mha_backward(dh, c_att)
+        da, grads[p + "ln1.gamma"], grads[p + "ln1.beta"] = layernorm_backward(da, c_ln1)
+        dh = dh + da
+    # forward: h = tok_emb[tokens] + pos_emb[:T]
+    grads["pos_emb"] = np.zeros_like(params["pos_emb"])
+    grads["pos_emb"][:T] = dh.sum(axis=0)
+    grads["tok_emb"] = embedding_backward(dh, c_emb)
+    return grads
+
+
+def lm_head_forward(h, tok_emb):
+    """Next-token logits with the output matrix tied to the token embedding (Press & Wolf 2017):
+    logits = h @ tok_emb^T, no bias, so the head adds no parameters.
+    h: (n, D) hidden states at the positions that have a target; tok_emb: (V, D).
+    Returns logits (n, V) and a cache."""
+    logits = h @ tok_emb.T                                                # (n, V)
+    return logits, (h, tok_emb)
+
+
+def lm_head_backward(dlogits, cache):
+    """dlogits: (n, V) -> dh (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
+    h, tok_emb = cache
+    dh = dlogits @ tok_emb                                                # (n, D)
+    dtok_emb = dlogits.T @ h                                              # (V, D)
+    return dh, dtok_emb

@@ -1,0 +1,280 @@
+"""A SYNTHETIC world for teaching and end-to-end tests: scenes, paraphrase captions, and fake
+"image embeddings", written in the same two file formats as the real data (COCO captions json,
+minialign embeddings npz). Nothing here is COCO or DINOv2; every file says so.
+
+A scene is a setting plus 1-3 objects (kind, colour, count, size, position). Its 5 captions
+are paraphrases from a small grammar (synonyms, word orders, COCO-like case and spacing noise),
+so "good views" (two captions of one scene) share meaning but not words. Its "image embedding"
+is a FIXED random nonlinear map of the scene's binary factor vector plus Gaussian noise, so
+caption meaning and image geometry are related the way the real experiment assumes.
+
+    python -m minialign.synthetic OUT_DIR [--n-scenes 2000] [--seed 0] [--force]
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import tempfile
+
+import numpy as np
+
+from minialign.embeddings import save_embeddings
+
+WORLD_SEED = 20240601  # arbitrary constant: fixes the random "image model" so every world shares it
+D_IMG = 768            # width of DINOv2-base embeddings, which the synthetic ones stand in for
+NOISE = 0.1            # std of the Gaussian "photo" noise added to each embedding coordinate
+CAPTIONS_PER_SCENE = 5  # COCO photos have 5 captions (a few have 6 or 7)
+MAX_OBJECTS = 3        # objects per scene: 1..MAX_OBJECTS, each of a different kind
+HIDDEN = 512           # hidden width of the image model (arbitrary)
+W1_STD = 0.35          # ~11 active factors -> pre-activation std ~ 1.2: tanh bends, not saturated
+B1_STD = 0.5           # hidden bias std, so tanh is not an odd function of the factors
+B2_STD = 1.0           # output offset, a stand-in for the large mean of real DINOv2 features
+P_TRAILING_SPACE = 0.14  # COCO val2017: 3541 of 25,014 captions end in spaces
+P_NO_PERIOD = 0.3      # many COCO captions have no final period
+P_LOWERCASE = 0.15     # some COCO captions are all lower case
+P_UPPERCASE = 0.03     # and a few shout; both exercise the cleaning path
+MAX_IMAGE_ID = 10**6   # ids drawn from [1, 10**6) without replacement: like COCO, not row indices
+CAPTIONS_NAME = "captions_synthetic.json"
+EMBEDDINGS_NAME = "embeddings_synthetic.npz"
+
+# canonical attribute value -> the words a caption may use for it
+KINDS = {"dog": [("dog", "dogs"), ("puppy", "puppies"), ("hound", "hounds")],
+         "cat": [("cat", "cats"), ("kitten", "kittens"), ("kitty", "kitties")],
+         "cup": [("cup", "cups"), ("mug", "mugs")],
+         "ball": [("ball", "balls")],
+         "car": [("car", "cars"), ("automobile", "automobiles")],
+         "bird": [("bird", "birds")],
+         "apple": [("apple", "apples")],
+         "book": [("book", "books"), ("novel", "novels")],
+         "chair": [("chair", "chairs"), ("seat", "seats")],
+         "bicycle": [("bicycle", "bicycles"), ("bike", "bikes")],
+         "lamp": [("lamp", "lamps"), ("light", "lights")],
+         "boat": [("boat", "boats"), ("dinghy", "dinghies")]}
+COLOURS = {"red": ["red", "crimson"], "blue": ["blue", "azure"], "green": ["green", "emerald"],
+           "yellow": ["yellow", "golden"], "black": ["black", "jet-black"],
+           "white": ["white", "snow-white"], "orange": ["orange", "tangerine"],
+           "purple": ["purple", "violet"]}
+COUNTS = {1: ["a", "one", "a single"], 2: ["two", "a pair of"], 3: ["three", "a trio of"],
+          4: ["four", "a group of four"]}
+SIZES = {"small": ["small", "little", "tiny"], "big": ["big", "large", "huge"]}
+POSITIONS = {"left": ["on the left", "to the left"], "right": ["on the right", "to the right"],
+             "middle": ["in the middle", "in the centre"], "top": ["at the top", "near the top"],
+             "bottom": ["at the bottom", "near the bottom"]}
+SETTINGS = {"kitchen": ["kitchen"], "street": ["street", "road"], "beach": ["beach", "seashore"],
+            "park": ["park"], "living room": ["living room", "lounge"],
+            "office": ["office", "workspace"]}
+SETTING_PREPOSITIONS = {"kitchen": "in", "street": "on", "beach": "on", "park": "in",
+                        "living room": "in", "office": "in"}  # "on a beach", "in a kitchen"
+VERBS = [("sits", "sit"), ("rests", "rest"), ("is", "are")]  # (singular, plural)
+ATTRIBUTES = [("colour", list(COLOURS)), ("count", list(COUNTS)), ("size", list(SIZES)),
+              ("position", list(POSITIONS))]
+KIND_BLOCK = 1 + sum(len(values) for _, values in ATTRIBUTES)  # present bit + one-hots = 20
+N_FACTORS = len(SETTINGS) + len(KINDS) * KIND_BLOCK            # 6 + 12 * 20 = 246
+
+
+def sample_scene(rng):
+    """Draw one scene: {"setting": str, "objects": [{"kind", "colour", "count", "size",
+    "position"}]}, 1..MAX_OBJECTS objects of different kinds, sorted by kind (canonical order).
+    Every attribute is uniform over its values. rng: np.random.Generator."""
+    n_objects = int(rng.integers(1, MAX_OBJECTS + 1))
+    kinds = sorted(rng.choice(len(KINDS), size=n_objects, replace=False))   # (n_objects,)
+    objects = [{"kind": list(KINDS)[k],
+                **{name: values[int(rng.integers(len(values)))] for name, values in ATTRIBUTES}}
+               for k in kinds]
+    return {"setting": list(SETTINGS)[int(rng.integers(len(SETTINGS)))], "objects": objects}
+
+
+def scene_factors(scene):
+    """Binary latent factors of a scene: a setting one-hot, then one block per KIND (present
+    bit, colour, count, size, position one-hots; zeros if absent). Kinds are distinct within a
+    scene, so this is order-free: scenes that share "a red dog on the left" share those bits.
+    Returns (N_FACTORS,) float64 of 0s and 1s."""
+    x = np.zeros(N_FACTORS)                                                   # (F,)
+    x[list(SETTINGS).index(scene["setting"])] = 1.0
+    for obj in scene["objects"]:
+        offset = len(SETTINGS) + list(KINDS).index(obj["kind"]) * KIND_BLOCK
+        x[offset] = 1.0  # present
+        offset += 1
+        for name, values in ATTRIBUTES:
+            x[offset + values.index(obj[name])] = 1.0
+            offset += len(values)
+    return x
+
+
+def image_model(d_img=D_IMG, seed=WORLD_SEED):
+    """The fixed random "image model": weights of y = tanh(x w1 + b1) w2 + b2, drawn from their
+    own stream seeded by WORLD_SEED, so every world (any seed) uses the same map.
+    Returns {"w1": (F, HIDDEN), "b1": (HIDDEN,), "w2": (HIDDEN, d_img), "b2": (d_img,)} float64."""
+    rng = np.random.default_rng(seed)
+    return {"w1": rng.standard_normal((N_FACTORS, HIDDEN)) * W1_STD,            # (F, HIDDEN)
+            "b1": rng.standard_normal(HIDDEN) * B1_STD,                          # (HIDDEN,)
+            "w2": rng.standard_normal((HIDDEN, d_img)) / np.sqrt(HIDDEN),        # (HIDDEN, d_img)
+            "b2": rng.standard_normal(d_img) * B2_STD}                           # (d_img,)
+
+
+def embed_scenes(factors, noise, rng, d_img=D_IMG):
+    """Synthetic "image embeddings": the fixed image_model applied to scene factors, plus
+    Gaussian noise of std `noise` (a different "photo" of the same scene each draw).
+    factors: (N, N_FACTORS) float; noise >= 0; rng: np.random.Generator (noise only).
+    Returns (N, d_img) float32; per-coordinate signal std ~ 0.6 around an offset b2."""
+    factors = np.asarray(factors, dtype=np.float64)                          # (N, F)
+    assert factors.ndim == 2 and factors.shape[1] == N_FACTORS, factors.shape
+    if noise < 0:
+        raise ValueError(f"noise must be >= 0, got {noise}")
+    w = image_model(d_img)
+    h = np.tanh(factors @ w["w1"] + w["b1"])                                 # (N, HIDDEN)
+    y = h @ w["w2"] + w["b2"]                                                 # (N, d_img)
+    y = y + noise * rng.standard_normal(y.shape)                             # (N, d_img)
+    return y.astype(np.float32)                                               # (N, d_img)
+
+
+def _with_article(phrase):
+    """'a' -> 'an' before a vowel: 'a orange cup' -> 'an orange cup'."""
+    return re.sub(r"^a (?=[aeiou])", "an ", phrase)
+
+
+def _join(items):
+    """['x'] -> 'x'; ['x', 'y', 'z'] -> 'x, y and z'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _object_phrase(obj, rng):
+    """'two small crimson mugs', 'on the left', plural? for one object, synonyms drawn by rng."""
+    pick = lambda words: words[int(rng.integers(len(words)))]
+    singular, plural = pick(KINDS[obj["kind"]])
+    noun = singular if obj["count"] == 1 else plural
+    words = [pick(COUNTS[obj["count"]]), pick(SIZES[obj["size"]]), pick(COLOURS[obj["colour"]]),
+             noun]  # English order: count, size, colour, noun
+    return _with_article(" ".join(words)), pick(POSITIONS[obj["position"]]), obj["count"] > 1
+
+
+def _caption(scene, template, rng):
+    """One caption of the scene from template 0..4, objects in a random order."""
+    order = rng.permutation(len(scene["objects"]))                           # (n_objects,)
+    phrases = [_object_phrase(scene["objects"][i], rng) for i in order]
+    setting = SETTINGS[scene["setting"]][int(rng.integers(len(SETTINGS[scene["setting"]])))]
+    a_setting = _with_article("a " + setting)
+    prep = SETTING_PREPOSITIONS[scene["setting"]]
+    items = _join([f"{np_} {pos}" for np_, pos, _ in phrases])
+    if template == 0:    # In a kitchen, two red cups sit on the left.
+        singular, plural = VERBS[int(rng.integers(len(VERBS)))]
+        text = f"{prep} {a_setting}, " + _join([f"{np_} {plural if many else singular} {pos}"
+                                            for np_, pos, many in phrases])
+    elif template == 1:  # Two crimson mugs on the left in a kitchen.
+        text = f"{items} {prep} {a_setting}"
+    elif template == 2:  # A kitchen with two red cups on the left.
+        text = f"{a_setting} with {items}"
+    elif template == 3:  # There are two red cups on the left in this kitchen.
+        text = f"there {'are' if phrases[0][2] else 'is'} {items} {prep} this {setting}"
+    else:                # A picture of a kitchen showing two red cups on the left.
+        text = f"a picture of {a_setting} showing {items}"
+    return text[0].upper() + text[1:] + "."
+
+
+def _coco_noise(caption, rng):
+    """COCO-like surface noise: drop the period, change case, add a trailing space."""
+    if rng.random() < P_NO_PERIOD:
+        caption = caption[:-1]
+    r = rng.random()
+    if r < P_LOWERCASE:
+        caption = caption.lower()
+    elif r < P_LOWERCASE + P_UPPERCASE:
+        caption = caption.upper()
+    return caption + " " if rng.random() < P_TRAILING_SPACE else caption
+
+
+def scene_captions(scene, rng):
+    """CAPTIONS_PER_SCENE paraphrases of one scene: each template once, in a random order, so
+    the captions always differ; every caption names every attribute. Returns a list of str."""
+    templates = rng.permutation(CAPTIONS_PER_SCENE)                           # (5,)
+    return [_coco_noise(_caption(scene, int(t), rng), rng) for t in templates]
+
+
+def make_world(n_scenes, rng, d_img=D_IMG, noise=NOISE):
+    """A SYNTHETIC world of n_scenes scenes. rng: np.random.Generator, split into three streams
+    (scenes + ids, caption wording, embedding noise) so changing one does not shift the others.
+    Returns {"image_ids": (N,) int64 distinct in [1, MAX_IMAGE_ID), "scenes": list of N dicts,
+    "captions": N lists of 5 str, "factors": (N, N_FACTORS) float64,
+    "embeddings": (N, d_img) float32}. Raises ValueError for n_scenes outside [1, 10**5]."""
+    if not 1 <= n_scenes <= 10**5:
+        raise ValueError(f"n_scenes must be in [1, 100000], got {n_scenes}")
+    seeds = rng.integers(0, 2**63, size=3)                                    # (3,) one per stream
+    rng_scene, rng_text, rng_noise = (np.random.default_rng(int(s)) for s in seeds)
+    scenes = [sample_scene(rng_scene) for _ in range(n_scenes)]
+    image_ids = rng_scene.choice(np.arange(1, MAX_IMAGE_ID), size=n_scenes, replace=False)  # (N,)
+    captions = [scene_captions(scene, rng_text) for scene in scenes]
+    factors = np.stack([scene_factors(scene) for scene in scenes])            # (N, F)
+    embeddings = embed_scenes(factors, noise, rng_noise, d_img)               # (N, d_img)
+    return {"image_ids": image_ids.astype(np.int64), "scenes": scenes, "captions": captions,
+            "factors": factors, "embeddings": embeddings}
+
+
+def _write_atomic(path, data):
+    """Write bytes to a temporary file in path's directory, then os.replace it onto path:
+    readers see the old file or the whole new one, never half of it."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
+    """Write a SYNTHETIC world as out_dir/captions_synthetic.json (COCO captions format) and
+    out_dir/embeddings_synthetic.npz (minialign.embeddings format: image_ids (N,) int64,
+    embeddings (N, 768) float32, meta: 0-d str of JSON incl. captions_sha256 of the captions
+    file's bytes and "synthetic": true). Each file goes to a temporary name, then os.replace.
+    Same seed -> same bytes. Annotations are in a shuffled order and image ids are random
+    (not row indices), so loaders must group captions by image_id and join on ids.
+    Returns (captions_path, embeddings_path). Raises FileExistsError naming an existing output
+    unless force=True."""
+    paths = (os.path.join(out_dir, CAPTIONS_NAME), os.path.join(out_dir, EMBEDDINGS_NAME))
+    for path in paths:
+        if os.path.exists(path) and not force:
+            raise FileExistsError(f"{path} already exists; pass force=True to overwrite it")
+    rng_world, rng_file = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    world = make_world(n_scenes, rng_world, D_IMG, noise)
+    images = [{"id": int(i), "file_name": "synthetic_%06d" % i, "synthetic_scene": scene}
+              for i, scene in zip(world["image_ids"], world["scenes"])]
+    pairs = [(int(i), c) for i, caps in zip(world["image_ids"], world["captions"]) for c in caps]
+    order = rng_file.permutation(len(pairs))                                  # (5N,) file order
+    annotations = [{"image_id": pairs[j][0], "id": ann_id, "caption": pairs[j][1]}
+                   for ann_id, j in enumerate(order.tolist(), start=1)]
+    coco = {"info": {"description": "SYNTHETIC minialign world, not COCO", "version": "1.0",
+                     "seed": seed, "n_scenes": n_scenes, "noise": noise},
+            "licenses": [], "images": images, "annotations": annotations, "type": "captions"}
+    captions_bytes = json.dumps(coco).encode("utf-8")
+    meta = {"model": "synthetic (not DINOv2)",
+            "preprocessing": "none (no pixels): binary scene factors -> fixed random tanh "
+                             f"MLP (minialign.synthetic, WORLD_SEED={WORLD_SEED}) + Gaussian noise",
+            "pooling": "none (one vector per scene)", "dtype": "float32",
+            "count": n_scenes, "dim": D_IMG,
+            "captions_sha256": hashlib.sha256(captions_bytes).hexdigest(),
+            "synthetic": True, "seed": seed, "noise": noise}
+    os.makedirs(out_dir, exist_ok=True)
+    _write_atomic(paths[0], captions_bytes)
+    # the real format's writer: atomic, fixed zip timestamps (same seed -> same bytes)
+    save_embeddings(paths[1], world["image_ids"], world["embeddings"], meta, force=force)
+    return paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Write a SYNTHETIC minialign world (not COCO).")
+    parser.add_argument("out_dir")
+    parser.add_argument("--n-scenes", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="overwrite existing files")
+    args = parser.parse_args(argv)
+    for path in write_world(args.out_dir, args.n_scenes, args.seed, args.force):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Word-level tokenizer: cleaned caption text <-> int32 token ids.
+
+Every caption becomes [BOS, w1, ..., wn, EOS]; batches are padded with PAD at the end.
+The vocabulary is built from the TRAINING captions only, so validation and test words the
+model never saw map to UNK. It is saved next to the model weights in the same .npz, as a
+unicode array (no pickle).
+"""
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAD = 0   # fills a batch after EOS; never attended to, never predicted
+UNK = 1   # any word missing from the training vocabulary
+BOS = 2   # first token of every caption
+EOS = 3   # last token of every caption
+MASK = 4  # replaces a word in the bad-views objective
+SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")  # vocab[i] for the ids above
+MAX_LEN = 64  # tokens per caption including BOS and EOS; the longest val2017 caption has 56
+
+# A word is a run of letters, digits or apostrophes ("man's", "2", "o'clock"); every other
+# non-space character (".", ",", "-", "&", ...) is a token of its own. Python's \w also counts
+# "_" as a letter; COCO captions have none, so we keep the simpler pattern.
+WORD_RE = re.compile(r"[\w']+|[^\w\s]")
+
+VOCAB_KEY = "tokenizer.vocab"  # array name inside the checkpoint .npz
+
+
+def split_words(caption: str) -> list[str]:
+    """Split an already cleaned (lowercased, single-spaced) caption into word tokens.
+    "a man's bike, parked." -> ["a", "man's", "bike", ",", "parked", "."] (see WORD_RE)."""
+    return WORD_RE.findall(caption)
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A fixed vocabulary: vocab[i] is the string of token id i, SPECIALS at ids 0..4.
+    Raises ValueError if the specials are not at their ids or a word appears twice."""
+    vocab: tuple[str, ...]
+    index: dict = field(init=False, repr=False, compare=False)  # word -> id, built below
+
+    def __post_init__(self):
+        if tuple(self.vocab[:len(SPECIALS)]) != SPECIALS:
+            raise ValueError(f"vocab must start with {SPECIALS}, got {tuple(self.vocab[:5])}")
+        index = {word: i for i, word in enumerate(self.vocab)}
+        if len(index) != len(self.vocab):
+            dups = sorted(w for w, c in Counter(self.vocab).items() if c > 1)
+            raise ValueError(f"vocab has repeated entries: {dups[:10]}")
+        object.__setattr__(self, "index", index)  # frozen: set the derived field once
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the number of rows of the embedding table and columns of the output logits."""
+        return len(self.vocab)
+
+    def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
+        """Cleaned caption -> ids (n,) int32 = [BOS, w1..wk, EOS], unknown words -> UNK.
+        n <= max_len: a longer caption keeps its first max_len - 1 tokens and ends with EOS
+        (truncated=True). Raises ValueError if max_len < 2 (no room for BOS and EOS)."""
+        if max_len < 2:
+            raise ValueError(f"max_len must be >= 2 to hold BOS and EOS, got {max_len}")
+        words = [self.index.get(w, UNK) for w in split_words(caption)]
+        truncated = len(words) + 2 > max_len
+        ids = [BOS] + words[:max_len - 2] + [EOS]
+        return np.array(ids, dtype=np.int32), truncated
+
+    def decode(self, ids) -> str:
+        """ids (n,) int -> words joined by single spaces. BOS and PAD are omitted and reading
+        stops at the first EOS; UNK and MASK read as "<unk>" and "<mask>".
+        Raises ValueError for an id outside [0, V)."""
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.vocab)):
+            raise ValueError(f"token ids must be in [0, {len(self.vocab)}), got "
+                             f"[{ids.min()}, {ids.max()}]")
+        words = []
+        for i in ids.tolist():
+            if i == EOS:
+                break
+            if i not in (BOS, PAD):
+                words.append(self.vocab[i])
+        return " ".join(words)
+
+
+def build_tokenizer(captions: list[str], min_count: int = 1) -> Tokenizer:
+    """Vocabulary from cleaned TRAINING captions: SPECIALS, then every word seen at least
+    min_count times, by descending count, ties alphabetically (deterministic).
+    Raises ValueError if min_count < 1."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    counts = Counter(w for caption in captions for w in split_words(caption))
+    kept = [w for w, c in counts.items() if c >= min_count]
+    kept.sort(key=lambda w: (-counts[w], w))
+    return Tokenizer(vocab=SPECIALS + tuple(kept))
+
+
+def encode_all(tok: Tokenizer, captions: list[str],
+               max_len: int = MAX_LEN) -> tuple[list[np.ndarray], int]:
+    """Encode each caption (see Tokenizer.encode). Returns (list of (n_i,) int32 arrays,
+    number of captions that were truncated to max_len)."""
+    seqs, n_truncated = [], 0
+    for caption in captions:
+        ids, truncated = tok.encode(caption, max_len)
+        seqs.append(ids)
+        n_truncated += truncated
+    return seqs, n_truncated
+
+
+def pad_batch(seqs: list[np.ndarray]) -> np.ndarray:
+    """Stack 1-D id arrays into (B, T) int32, PAD after each sequence's end, where T is the
+    longest sequence in THIS batch (no padding beyond it). Raises ValueError if empty."""
+    if len(seqs) == 0:
+        raise ValueError("pad_batch needs at least one sequence")
+    T = max(len(s) for s in seqs)
+    tokens = np.full((len(seqs), T), PAD, dtype=np.int32)  # (B, T)
+    for row, s in enumerate(seqs):
+        tokens[row, :len(s)] = s
+    return tokens
+
+
+def tokenizer_to_arrays(tok: Tokenizer) -> dict[str, np.ndarray]:
+    """{"tokenizer.vocab": (V,) unicode array} to pass to np.savez with the weights."""
+    return {VOCAB_KEY: np.array(tok.vocab, dtype=str)}
+
+
+def tokenizer_from_arrays(arrays) -> Tokenizer:
+    """Inverse of tokenizer_to_arrays; arrays is a dict or the NpzFile from np.load
+    (allow_pickle=False works). Raises ValueError if the entry is missing, is not a 1-D
+    unicode array, or does not start with SPECIALS at their ids."""
+    if VOCAB_KEY not in arrays:
+        raise ValueError(f"no {VOCAB_KEY!r} array among {sorted(arrays)}")
+    vocab = np.asarray(arrays[VOCAB_KEY])
+    if vocab.ndim != 1 or vocab.dtype.kind != "U":
+        raise ValueError(f"{VOCAB_KEY} must be a 1-D unicode array, got shape {vocab.shape} "
+                         f"dtype {vocab.dtype}")
+    return Tokenizer(vocab=tuple(str(w) for w in vocab))

@@ -1,0 +1,280 @@
+"""Training: TrainConfig, the loop, text-side evaluation, and the `train` command line.
+
+A run directory holds config.json, log.jsonl (one line per step), model.npz (weights and
+tokenizer), metrics.json (text-side metrics per evaluation step) and captions/ (caption
+embeddings of the val and test photos at every evaluation, and of the train photos at the
+end, float16), which `python -m minialign evaluate` scores against image embeddings later.
+Training never reads image embeddings: this module does not import the modules that load them.
+"""
+import ctypes
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
+                   tokenize_photos)
+from .metrics import collapse_stats, paraphrase_r_at_1
+from .model import ModelConfig, encode, init_params, param_count
+from .objectives import CAUSAL, OBJECTIVES
+from .optim import adam_init, adam_step, clip_grad_norm, lr_at
+from .tokenizer import build_tokenizer, tokenizer_to_arrays
+
+EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
+EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
+PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a run. Defaults = the replicated setting (3000 steps, 256 photos
+    per step, two captions each, so 512 captions per step for every objective)."""
+    objective: str = "good_views"   # "good_views" | "bad_views" | "next_token"
+    captions: str = ""              # COCO captions JSON
+    steps: int = 3000
+    batch_photos: int = 256         # photos per step; each contributes two captions
+    lr: float = 1e-3                # peak AdamW step size
+    warmup_steps: int = 100         # linear warm-up, then cosine decay
+    min_lr_ratio: float = 0.1       # the cosine ends at min_lr_ratio * lr
+    weight_decay: float = 0.05      # decoupled, weight matrices only (optim.decays)
+    grad_clip: float = 1.0          # global L2 norm
+    mask_rate: float = 0.25         # bad views: probability that a word becomes <mask>
+    sim_weight: float = 25.0        # VICReg lambda (invariance)
+    var_weight: float = 25.0        # VICReg mu (variance)
+    cov_weight: float = 1.0         # VICReg nu (covariance)
+    anticollapse_weight: float = 1.0  # next_token: weight on the VICReg var + cov terms
+    seed: int = 0                   # init, batch and mask streams
+    split_seed: int = SPLIT_SEED    # photo split, independent of `seed`
+    eval_every: int = 250
+    min_count: int = 1              # a word enters the vocabulary after this many train uses
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; choose one of "
+                             f"{', '.join(sorted(OBJECTIVES))}")
+        if isinstance(self.model, dict):
+            object.__setattr__(self, "model", ModelConfig(**self.model))
+
+
+def keep_freed_memory():
+    """Ask glibc to keep freed memory for reuse instead of returning it to the OS.
+    Each step allocates and frees the same large activations; by default glibc maps every
+    array over 32 MB afresh and unmaps it when freed, and touching new pages costs far more
+    than the arithmetic (a page fault per 4 KB). No effect outside glibc (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                                 # from glibc's malloc.h
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
+
+
+def prepare(cfg):
+    """Captions -> split -> tokenizer (train captions only) -> token tables per split.
+    Returns a dict with captions, split, tokenizer, tables {split: CaptionTable}, n_truncated."""
+    captions = load_coco_captions(cfg.captions)
+    split = split_photos(captions.image_ids, cfg.split_seed)
+    train_text = [c for i in split["train"] for c in captions.captions[i]]
+    tok = build_tokenizer(train_text, cfg.min_count)
+    tables, n_truncated = {}, 0
+    for name, idx in split.items():
+        tables[name], n = tokenize_photos(captions, idx, tok, cfg.model.max_len)
+        n_truncated += n
+    return {"captions": captions, "split": split, "tokenizer": tok, "tables": tables,
+            "n_truncated": n_truncated}
+
+
+def embed(params, tokens, cfg, causal):
+    """Caption embeddings z (B, D), float32, computed EVAL_BATCH captions at a time, each chunk
+    trimmed to its own longest caption."""
+    out = []
+    for i in range(0, len(tokens), EVAL_BATCH):
+        chunk = tokens[i:i + EVAL_BATCH]
+        chunk = chunk[:, :max(1, int((chunk != 0).sum(axis=1).max()))]
+        out.append(encode(params, chunk, cfg, causal)[0])
+    return np.concatenate(out)                                            # (B, D)
+
+
+def embed_split(params, table, cfg, causal):
+    """{slot: (photo rows (P_s,), z (P_s, D))} for caption slots 0..EVAL_SLOTS-1 of a split."""
+    slots = {}
+    for s in range(EVAL_SLOTS):
+        tokens, photos = eval_tokens(table, s)
+        if len(photos):
+            slots[s] = (photos, embed(params, tokens, cfg, causal))
+    return slots
+
+
+def text_metrics(slots):
+    """Paraphrase R@1 (slot-0 caption as query, slot-1 caption of every photo as gallery;
+    chance 1 / P) and collapse diagnostics of the slot-0 embeddings."""
+    (p0, z0), (p1, z1) = slots[0], slots[1]
+    assert np.array_equal(p0, p1), "every photo has at least two captions"
+    return {"paraphrase_R@1": paraphrase_r_at_1(z0, z1), "chance": 1.0 / len(p0),
+            **collapse_stats(z0)}
+
+
+def save_caption_embeddings(path, slots, image_ids):
+    """captions/<name>.npz: for each slot s, slot{s}_image_ids (P_s,) int64 and slot{s}_z
+    (P_s, D) float16. Written under a temporary name, then renamed."""
+    arrays = {}
+    for s, (photos, z) in slots.items():
+        arrays[f"slot{s}_image_ids"] = image_ids[photos]
+        arrays[f"slot{s}_z"] = z.astype(np.float16)
+    atomic_savez(path, arrays)
+
+
+def atomic_savez(path, arrays):
+    """np.savez to path.tmp, then rename: a reader never sees a half-written file."""
+    tmp = Path(str(path) + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path, obj):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare_out_dir(out, force):
+    """Create `out`; refuse an existing non-empty directory unless force (then empty it)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise FileExistsError(f"{out}: directory exists and is not empty "
+                                  "(pass --force to replace it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def train(cfg, out, force=False, progress=None):
+    """Run one training run and write the run directory `out`. Returns the final metrics dict.
+    progress: True for a tqdm bar, False for plain lines, None to pick by whether stderr is a
+    terminal. Raises FileNotFoundError / ValueError for bad captions, FileExistsError for a
+    non-empty `out` without force."""
+    data = prepare(cfg)                          # bad input fails here, before `out` is touched
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, vocab_size=data["tokenizer"].vocab_size))
+    out = prepare_out_dir(out, force)
+    (out / "captions").mkdir()
+    keep_freed_memory()
+    rng_init, rng_data, rng_mask = (np.random.default_rng(s)
+                                    for s in np.random.SeedSequence(cfg.seed).spawn(3))
+    params = init_params(cfg.model, rng_init)
+    state = adam_init(params)
+    objective, causal = OBJECTIVES[cfg.objective], CAUSAL[cfg.objective]
+    image_ids = data["captions"].image_ids
+    info = {"vocab_size": cfg.model.vocab_size, "parameters": param_count(params),
+            "embedding_parameters": int(params["tok_emb"].size),
+            "captions_truncated": data["n_truncated"],
+            "photos": {k: len(v) for k, v in data["split"].items()},
+            "caption_stats": data["captions"].stats}
+    atomic_write_json(out / "config.json", {"config": dataclasses.asdict(cfg), "info": info})
+    print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
+          f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
+          f"{info['photos']}, {info['captions_truncated']} captions truncated to "
+          f"{cfg.model.max_len} tokens", flush=True)
+
+    def evaluate(step, final):
+        entry = {"step": step}
+        splits = ("val", "test", "train") if final else ("val",)
+        for split in splits:
+            slots = embed_split(params, data["tables"][split], cfg.model, causal)
+            save_caption_embeddings(out / "captions" / f"{split}_step{step:05d}.npz", slots,
+                                    image_ids[data["tables"][split].photo_idx])
+            if split != "train":
+                entry[split] = text_metrics(slots)
+        metrics["evals"].append(entry)
+        atomic_write_json(out / "metrics.json", metrics)
+        return entry
+
+    metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
+    use_bar = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=cfg.steps, desc=cfg.objective, disable=not use_bar, dynamic_ncols=True)
+    t_start = time.perf_counter()
+    with open(out / "log.jsonl", "w") as log:
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+            batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
+            loss, grads, stats = objective(params, batch, cfg, rng_mask)
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"[{cfg.objective}] loss is {loss} at step {step}")
+            grad_norm = clip_grad_norm(grads, cfg.grad_clip)
+            adam_step(params, grads, state, lr, cfg.weight_decay)
+            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
+                   "seconds": time.perf_counter() - t0}
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update(1)
+            if not use_bar and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == 0):
+                elapsed = time.perf_counter() - t_start
+                eta = elapsed / (step + 1) * (cfg.steps - step - 1)
+                print(f"[{cfg.objective}] step {step + 1}/{cfg.steps} loss {loss:.4f} "
+                      f"lr {lr:.2e} {1000 * elapsed / (step + 1):.0f} ms/step "
+                      f"eta {eta / 60:.1f} min", flush=True)
+            if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                entry = evaluate(step + 1, final=False)
+                bar.write(f"[{cfg.objective}] step {step + 1} val paraphrase R@1 "
+                          f"{entry['val']['paraphrase_R@1']:.3f}", file=sys.stdout)
+    bar.close()
+    atomic_savez(out / "model.npz", {**params, **tokenizer_to_arrays(data["tokenizer"])})
+    final = evaluate(cfg.steps, final=True)
+    metrics.update(final=final, wall_seconds=time.perf_counter() - t_start,
+                   ms_per_step=1000 * (time.perf_counter() - t_start) / max(1, cfg.steps))
+    atomic_write_json(out / "metrics.json", metrics)
+    print(f"[{cfg.objective}] done: val paraphrase R@1 {final['val']['paraphrase_R@1']:.3f}, "
+          f"test {final['test']['paraphrase_R@1']:.3f} (chance {final['test']['chance']:.4f}); "
+          f"test effective rank {final['test']['effective_rank']:.1f}", flush=True)
+    return metrics
+
+
+def add_train_args(p):
+    """The `train` sub-command's options (every TrainConfig field people change)."""
+    d = TrainConfig()
+    p.add_argument("--objective", required=True, choices=sorted(OBJECTIVES),
+                   help="training objective")
+    p.add_argument("--captions", required=True, help="COCO captions JSON (COCO's own format)")
+    p.add_argument("--out", required=True, help="run directory to create (must be new or empty)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="init/batch/mask seed (default %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default %(default)s)")
+    p.add_argument("--batch-photos", type=int, default=d.batch_photos,
+                   help="photos per step, two captions each (default %(default)s)")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="(default %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="(default %(default)s)")
+    p.add_argument("--mask-rate", type=float, default=d.mask_rate,
+                   help="bad_views: word masking probability (default %(default)s)")
+    p.add_argument("--anticollapse-weight", type=float, default=d.anticollapse_weight,
+                   help="next_token: weight on VICReg var+cov (default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="(default %(default)s)")
+    p.add_argument("--split-seed", type=int, default=d.split_seed,
+                   help="photo split seed, independent of --seed (default %(default)s)")
+    for name in ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d.model, name),
+                       help="model size (default %(default)s)")
+
+
+def run_train(args):
+    model = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                        mlp_ratio=args.mlp_ratio, max_len=args.max_len)
+    cfg = TrainConfig(objective=args.objective, captions=args.captions, steps=args.steps,
+                      seed=args.seed, lr=args.lr, batch_photos=args.batch_photos,
+                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+                      mask_rate=args.mask_rate, anticollapse_weight=args.anticollapse_weight,
+                      eval_every=args.eval_every, split_seed=args.split_seed, model=model)
+    train(cfg, args.out, force=args.force)

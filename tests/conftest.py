@@ -1,0 +1,17 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/gradcheck.py
+
+SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"
+REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"
+
+
+@pytest.fixture
+def real_captions_path():
+    """The real COCO val2017 captions beside the checkout, or a skip that says why."""
+    if not REAL_CAPTIONS.exists():
+        pytest.skip(f"real COCO captions not found at {REAL_CAPTIONS} (../shared is absent)")
+    return REAL_CAPTIONS

@@ -1,0 +1,275 @@
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minialign.data import (SPLIT_SEED, Captions, clean_caption, eval_tokens,
+                            load_coco_captions, sample_batch, split_photos, tokenize_photos)
+from minialign.tokenizer import EOS, MAX_LEN, PAD, build_tokenizer, encode_all, split_words
+
+COCO_VAL = Path(__file__).resolve().parents[1].parent / "shared" / "coco" / "captions_val2017.json"
+TEST_FIRST_IDS = [139, 632, 785]    # smallest COCO ids in the val2017 test split (SPLIT_SEED)
+VAL_FIRST_IDS = [724, 1000, 1296]   # smallest COCO ids in the val2017 val split
+
+
+def write_json(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+def ann(ann_id, image_id, caption):
+    return {"id": ann_id, "image_id": image_id, "caption": caption}
+
+
+# ---------------------------------------------------------------- cleaning and loading
+
+def test_clean_caption_real_quirks():
+    assert clean_caption("A man  riding\n a horse. ") == "a man riding a horse."
+    assert clean_caption("  Two\tDogs\r\n") == "two dogs"
+    assert clean_caption(" \n ") == ""
+
+
+def tiny_coco():
+    """Photos 1-5 listed in images; captions on 1, 2, 3, 4 and unlisted photo 9."""
+    annotations = [
+        ann(30, 1, "A dog  runs. "),                    # repeat of id 20 after cleaning
+        ann(10, 1, "A brown dog\nplays."),
+        ann(20, 1, "a dog runs."),
+        *[ann(46 - k, 2, f"Photo two, caption {6 - k}") for k in range(7)],  # ids reversed
+        ann(50, 3, "A cat."), ann(51, 3, "a cat. "), ann(52, 3, "   "),     # 1 distinct left
+        ann(60, 9, "A bird."), ann(61, 9, "Two birds."),                     # not in images
+        ann(70, 4, ""), ann(71, 4, "A red car"), ann(72, 4, "A car that is red "),
+    ]
+    return {"images": [{"id": i, "file_name": f"{i:012d}.jpg"} for i in range(1, 6)],
+            "annotations": annotations}
+
+
+def test_load_coco_captions_exact(tmp_path):
+    path = write_json(tmp_path / "caps.json", tiny_coco())
+    caps = load_coco_captions(path)
+    assert caps.path == str(path)
+    assert caps.image_ids.dtype == np.int64 and caps.image_ids.tolist() == [1, 2, 4, 9]
+    assert caps.captions == (
+        ("a brown dog plays.", "a dog runs."),
+        tuple(f"photo two, caption {k}" for k in range(7)),
+        ("a red car", "a car that is red"),
+        ("a bird.", "two birds."),
+    )
+    assert caps.stats == {
+        "raw_images": 5, "raw_annotations": 18, "raw_photos": 5,
+        "empty_captions_dropped": 2, "duplicate_captions_dropped": 2,
+        "photos_dropped_under_2_captions": 1, "photos_not_in_images": 1,
+        "images_without_captions": 1, "photos": 4, "captions": 13, "max_captions_per_photo": 7,
+    }
+
+
+def assert_error(path, exc, problem):
+    with pytest.raises(exc) as err:
+        load_coco_captions(path)
+    assert str(path) in str(err.value) and problem in str(err.value), str(err.value)
+
+
+def test_load_errors_name_file_and_problem(tmp_path):
+    assert_error(tmp_path / "missing.json", FileNotFoundError, "no such file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert_error(bad, ValueError, "not a JSON file")
+    cases = {
+        "list.json": [ann(1, 1, "a")],
+        "noann.json": {"images": []},
+        "noimageid.json": {"annotations": [{"id": 1, "caption": "a"}]},
+        "nocaption.json": {"annotations": [ann(1, 1, "a"), {"id": 2, "image_id": 1}]},
+        "intcaption.json": {"annotations": [ann(1, 1, 5)]},
+        "strid.json": {"annotations": [ann(1, "7", "a")]},
+        "one.json": {"annotations": [ann(1, 1, "a dog"), ann(2, 1, "A dog "), ann(3, 2, "x")]},
+    }
+    problems = {
+        "list.json": "no 'annotations' list", "noann.json": "no 'annotations' list",
+        "noimageid.json": "annotation 0 has no 'image_id'",
+        "nocaption.json": "annotation 1 has no 'caption'",
+        "intcaption.json": "caption is not a string",
+        "strid.json": "non-integer 'image_id'",
+        "one.json": "no photo has two distinct",
+    }
+    for name, data in cases.items():
+        assert_error(write_json(tmp_path / name, data), ValueError, problems[name])
+
+
+# ---------------------------------------------------------------- split
+
+def test_split_sizes_and_dependence_on_id_set_only():
+    ids = np.arange(100_000, 110_000, dtype=np.int64) * 3
+    split = split_photos(ids)
+    assert {k: len(v) for k, v in split.items()} == {"train": 8000, "val": 1000, "test": 1000}
+    assert np.array_equal(np.sort(np.concatenate(list(split.values()))), np.arange(10_000))
+    # the same ids in another order select the same photos
+    order = np.random.default_rng(1).permutation(len(ids))
+    shuffled = split_photos(ids[order])
+    for name in split:
+        assert np.all(np.diff(shuffled[name]) > 0)
+        assert np.array_equal(np.sort(ids[order][shuffled[name]]), ids[split[name]])
+    other = split_photos(ids, split_seed=SPLIT_SEED + 1)
+    assert not np.array_equal(other["val"], split["val"])
+    assert {k: len(v) for k, v in split_photos(ids[:15]).items()} == \
+        {"train": 9, "val": 3, "test": 3}
+    assert [len(v) for v in split_photos(ids[:20], n_val=4, n_test=5).values()] == [11, 4, 5]
+    with pytest.raises(ValueError, match="at least 3"):
+        split_photos(ids[:14])
+    with pytest.raises(ValueError, match="distinct"):
+        split_photos(np.array([1, 2, 2, 3] * 5))
+
+
+# ---------------------------------------------------------------- table and sampler
+
+def toy_captions(n_photos=20, seed=0):
+    """Photo p has 2..7 distinct captions of 1..12 words; every caption text is unique."""
+    rng = np.random.default_rng(seed)
+    captions = []
+    for p in range(n_photos):
+        n = int(rng.integers(2, 8)) if p != 2 else 7
+        captions.append(tuple(f"photo {p} caption {k}" + " w" * int(rng.integers(0, 10))
+                              for k in range(n)))
+    return Captions(path="toy", image_ids=np.arange(n_photos, dtype=np.int64) * 10,
+                    captions=tuple(captions), stats={})
+
+
+def toy_table():
+    caps = toy_captions()
+    tok = build_tokenizer([c for cs in caps.captions for c in cs])
+    table, n_truncated = tokenize_photos(caps, np.arange(2, 20), tok)
+    assert n_truncated == 0
+    return caps, tok, table
+
+
+def test_tokenize_photos_layout():
+    caps, tok, table = toy_table()
+    assert table.photo_idx.tolist() == list(range(2, 20))
+    assert table.counts.tolist() == [len(caps.captions[p]) for p in range(2, 20)]
+    assert table.offsets[0] == 0 and np.array_equal(table.offsets[1:], np.cumsum(table.counts)[:-1])
+    p = 5                                           # table photo 5 is Captions photo 7
+    for slot, caption in enumerate(caps.captions[7]):
+        row = table.tokens[table.offsets[p] + slot]
+        assert tok.decode(row) == caption
+        assert table.lengths[table.offsets[p] + slot] == len(split_words(caption)) + 2
+    assert table.tokens.shape[1] == table.lengths.max()
+    _, n_truncated = tokenize_photos(caps, np.arange(20), tok, max_len=6)
+    assert n_truncated == sum(len(split_words(c)) + 2 > 6 for cs in caps.captions for c in cs) > 0
+    with pytest.raises(ValueError, match="distinct"):
+        tokenize_photos(caps, np.array([1, 1]), tok)
+
+
+def check_padded(tokens):
+    """PAD only after EOS, never inside a caption; returns each row's length."""
+    lengths = (tokens != PAD).sum(axis=1)
+    for row, n in zip(tokens, lengths):
+        assert np.all(row[n:] == PAD) and row[n - 1] == EOS
+    return lengths
+
+
+def test_sample_batch_pairs_distinct_captions_of_one_photo():
+    caps, tok, table = toy_table()
+    batch = sample_batch(table, 12, np.random.default_rng(3))
+    assert batch.photos.dtype == np.int64 and len(np.unique(batch.photos)) == 12
+    assert batch.tokens_a.dtype == batch.tokens_b.dtype == np.int32
+    assert batch.tokens_a.shape == batch.tokens_b.shape and batch.tokens_a.shape[0] == 12
+    for i, p in enumerate(batch.photos):
+        photo_caps = caps.captions[table.photo_idx[p]]
+        text_a, text_b = tok.decode(batch.tokens_a[i]), tok.decode(batch.tokens_b[i])
+        assert text_a in photo_caps and text_b in photo_caps and text_a != text_b
+    lengths = np.concatenate([check_padded(batch.tokens_a), check_padded(batch.tokens_b)])
+    assert batch.tokens_a.shape[1] == lengths.max()   # trimmed to the batch's longest
+    batch.tokens_a[:] = PAD                            # batches are copies, not table views
+    assert np.all(table.tokens[:, 0] != PAD)
+
+
+def test_sample_batch_determinism():
+    _, _, table = toy_table()
+    a = sample_batch(table, 8, np.random.default_rng(42))
+    b = sample_batch(table, 8, np.random.default_rng(42))
+    c = sample_batch(table, 8, np.random.default_rng(43))
+    for name in ("photos", "tokens_a", "tokens_b"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    assert not np.array_equal(a.photos, c.photos)
+    with pytest.raises(ValueError, match="batch_photos"):
+        sample_batch(table, 19, np.random.default_rng(0))
+
+
+def test_sample_batch_slot_pairs_uniform():
+    caps = Captions(path="toy", image_ids=np.arange(3, dtype=np.int64),
+                    captions=tuple((f"p{p} zero", f"p{p} one", f"p{p} two") for p in range(3)),
+                    stats={})
+    tok = build_tokenizer([c for cs in caps.captions for c in cs])
+    table, _ = tokenize_photos(caps, np.arange(3), tok)
+    rng = np.random.default_rng(0)
+    pairs = {}
+    for _ in range(3000):                # every photo every time: 3000 pair draws per photo
+        batch = sample_batch(table, 3, rng)
+        for i, p in enumerate(batch.photos):
+            key = (p, tok.decode(batch.tokens_a[i]), tok.decode(batch.tokens_b[i]))
+            pairs[key] = pairs.get(key, 0) + 1
+    assert len(pairs) == 3 * 6           # all ordered pairs of distinct slots, no a == b
+    assert all(a != b for _, a, b in pairs)
+    assert 400 < min(pairs.values()) and max(pairs.values()) < 600   # expected 500, sd 20
+
+
+def test_eval_tokens_slots():
+    caps, tok, table = toy_table()
+    tokens, photos = eval_tokens(table, 0)
+    assert photos.tolist() == list(range(18)) and tokens.dtype == np.int32
+    assert tokens.shape[1] == check_padded(tokens).max()
+    tokens, photos = eval_tokens(table, 5)
+    assert photos.tolist() == np.flatnonzero(table.counts >= 6).tolist() and len(photos) > 0
+    assert [tok.decode(t) for t in tokens] == [caps.captions[table.photo_idx[p]][5] for p in photos]
+    with pytest.raises(ValueError, match="more than 7"):
+        eval_tokens(table, 7)
+
+
+# ---------------------------------------------------------------- the real COCO val2017 file
+
+@pytest.fixture(scope="module")
+def coco():
+    if not COCO_VAL.is_file():
+        pytest.skip(f"real COCO captions not found at {COCO_VAL}")
+    return load_coco_captions(COCO_VAL)
+
+
+def test_real_file_counts(coco):
+    assert len(coco.image_ids) == 5000 and np.all(np.diff(coco.image_ids) > 0)
+    assert coco.stats["raw_annotations"] == 25_014
+    # 9 captions repeat another caption of their photo once whitespace and case are cleaned
+    assert coco.stats["duplicate_captions_dropped"] == 9
+    assert coco.stats["captions"] == sum(len(c) for c in coco.captions) == 25_005
+    assert coco.stats["empty_captions_dropped"] == coco.stats["photos_dropped_under_2_captions"] == 0
+    assert min(len(c) for c in coco.captions) == 4 and coco.stats["max_captions_per_photo"] == 7
+    assert all(c == clean_caption(c) for cs in coco.captions for c in cs)
+
+
+def test_real_file_split(coco):
+    split = split_photos(coco.image_ids)
+    assert {k: len(v) for k, v in split.items()} == {"train": 3000, "val": 1000, "test": 1000}
+    assert np.array_equal(np.sort(np.concatenate(list(split.values()))), np.arange(5000))
+    np.random.default_rng(0).random(100)      # a training seed's draws do not reach the split
+    again = split_photos(coco.image_ids.copy())
+    assert all(np.array_equal(split[k], again[k]) for k in split)
+    # pin the split itself: changing it silently would change every reported number
+    assert coco.image_ids[split["test"][:3]].tolist() == TEST_FIRST_IDS
+    assert coco.image_ids[split["val"][:3]].tolist() == VAL_FIRST_IDS
+
+
+def test_real_file_tokenizer_and_speed(coco):
+    split = split_photos(coco.image_ids)
+    train_text = [c for p in split["train"] for c in coco.captions[p]]
+    tok = build_tokenizer(train_text)
+    assert len(tok) == 5814 and len(build_tokenizer(train_text, min_count=2)) == 3388
+    seqs, n_truncated = encode_all(tok, [c for cs in coco.captions for c in cs], MAX_LEN)
+    assert n_truncated == 0 and max(len(s) for s in seqs) == 56
+    table, _ = tokenize_photos(coco, split["train"], tok)
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(50):
+        start = time.perf_counter()
+        sample_batch(table, 256, rng)
+        times.append(time.perf_counter() - start)
+    assert np.median(times) < 5e-3, f"sample_batch(256) took {np.median(times) * 1e3:.2f} ms"

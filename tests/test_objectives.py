@@ -1,0 +1,116 @@
+"""The whole model under each objective: every gradient against central differences (float64),
+plus the pair construction of bad views and the causal next-token head."""
+import numpy as np
+import pytest
+from gradcheck import numerical_grad, rel_err
+
+from minialign.data import Batch
+from minialign.model import ModelConfig, encode, init_params, param_count
+from minialign.objectives import OBJECTIVES, mask_words
+from minialign.tokenizer import BOS, EOS, MASK, PAD
+from minialign.train import TrainConfig
+
+TINY = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=2, n_heads=2, mlp_ratio=4)
+
+
+def tiny_batch():
+    """4 photos, two captions each, T = 7 with padding (lengths 7, 5, 3, 4 / 6, 7, 4, 3)."""
+    def caption(n_words, start):
+        return [BOS] + [5 + (start + 3 * j) % 15 for j in range(n_words)] + [EOS]
+    a = [caption(n, s) for n, s in [(5, 0), (3, 1), (1, 2), (2, 3)]]
+    b = [caption(n, s) for n, s in [(4, 4), (5, 5), (2, 6), (1, 7)]]
+    pad = lambda seqs: np.array([s + [PAD] * (7 - len(s)) for s in seqs], dtype=np.int32)
+    return Batch(photos=np.arange(4), tokens_a=pad(a), tokens_b=pad(b))
+
+
+def tiny_params(rng):
+    """float64 weights, with gains, shifts and biases moved off 1 / 0 so none is trivially exact."""
+    params = init_params(TINY, rng, dtype=np.float64)
+    for k in params:
+        params[k] += 0.1 * rng.standard_normal(params[k].shape) + (0.2 if "w_" in k else 0.0) * \
+            rng.standard_normal(params[k].shape)
+    return params
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_objective_gradients_end_to_end(name):
+    cfg = TrainConfig(objective=name, model=TINY)
+    params, batch = tiny_params(np.random.default_rng(0)), tiny_batch()
+    objective = OBJECTIVES[name]
+    # bad views draws its masks from rng: the same seed on every call gives the same pair
+    loss = lambda: objective(params, batch, cfg, np.random.default_rng(1))[0]
+    _, grads, stats = objective(params, batch, cfg, np.random.default_rng(1))
+    assert sorted(grads) == sorted(params)
+    for k in sorted(params):
+        assert grads[k].shape == params[k].shape, k
+        numeric = numerical_grad(loss, params[k])
+        if np.abs(numeric).max() < 1e-8:
+            # VICReg is blind to shifting every z by one vector, so under the view objectives
+            # ln_f.beta has a true gradient of 0: check that it is 0, not a ratio of noises
+            assert np.abs(grads[k]).max() < 1e-10, f"{name}: d{k} should be 0"
+            continue
+        err = rel_err(grads[k], numeric)
+        assert err < 1e-6, f"{name}: d{k} relative error {err:.1e}"
+
+
+def test_next_token_loss_is_ce_plus_weighted_var_cov():
+    params, batch = tiny_params(np.random.default_rng(2)), tiny_batch()
+    l1, _, s1 = OBJECTIVES["next_token"](params, batch, TrainConfig(model=TINY), None)
+    l2, _, s2 = OBJECTIVES["next_token"](params, batch,
+                                         TrainConfig(model=TINY, anticollapse_weight=0.5), None)
+    assert l1 == pytest.approx(s1["ce"] + 25 * s1["var"] + s1["cov"], rel=1e-12)
+    assert l2 == pytest.approx(s2["ce"] + 0.5 * (25 * s2["var"] + s2["cov"]), rel=1e-12)
+    # targets: 7 + 5 + 3 + 4 + 6 + 7 + 4 + 3 tokens, each predicts its successor except EOS
+    assert s1["targets"] == (7 + 5 + 3 + 4 + 6 + 7 + 4 + 3) - 8
+
+
+def test_causal_encoding_ignores_later_tokens():
+    params = tiny_params(np.random.default_rng(3))
+    tokens = tiny_batch().tokens_a
+    changed = tokens.copy()
+    changed[0, 4] = 19                                    # a later word of caption 0
+    _, h, _ = encode(params, tokens, TINY, causal=True)
+    _, h2, _ = encode(params, changed, TINY, causal=True)
+    np.testing.assert_allclose(h2[0, :4], h[0, :4], rtol=1e-12)
+    assert not np.allclose(h2[0, 4:], h[0, 4:])
+    _, h3, _ = encode(params, changed, TINY, causal=False)
+    assert not np.allclose(h3[0, :4], encode(params, tokens, TINY, causal=False)[1][0, :4])
+
+
+def test_padding_does_not_change_the_embedding():
+    params = tiny_params(np.random.default_rng(4))
+    tokens = tiny_batch().tokens_a
+    wider = np.concatenate([tokens, np.zeros((4, 1), np.int32)], axis=1)   # one more PAD column
+    for causal in (False, True):
+        z, _, _ = encode(params, tokens, TINY, causal)
+        z2, _, _ = encode(params, wider, TINY, causal)
+        np.testing.assert_allclose(z2, z, rtol=1e-12)
+
+
+def test_mask_words():
+    tokens = np.array([[BOS, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, EOS, PAD, PAD]] * 200, np.int32)
+    masked = mask_words(tokens, 0.25, np.random.default_rng(0))
+    assert tokens[0, 1] == 5                              # the input is untouched
+    specials = np.isin(tokens, [BOS, EOS, PAD])
+    np.testing.assert_array_equal(masked[specials], tokens[specials])
+    changed = masked != tokens
+    assert (masked[changed] == MASK).all()
+    assert abs(changed.sum() / (200 * 10) - 0.25) < 0.03   # 2000 draws: 3 standard deviations
+    again = mask_words(tokens, 0.25, np.random.default_rng(0))
+    np.testing.assert_array_equal(again, masked)
+    # a one-word caption at a rate near 1 keeps its word; at rate 0 nothing changes
+    one = np.array([[BOS, 9, EOS, PAD]] * 50, np.int32)
+    np.testing.assert_array_equal(mask_words(one, 0.999, np.random.default_rng(1)), one)
+    np.testing.assert_array_equal(mask_words(tokens, 0.0, np.random.default_rng(1)), tokens)
+    # two words at rate ~1: exactly one of them survives in every row
+    two = np.array([[BOS, 9, 10, EOS]] * 50, np.int32)
+    assert ((mask_words(two, 0.999, np.random.default_rng(2))[:, 1:3] == MASK).sum(1) == 1).all()
+
+
+def test_default_model_size():
+    """The default encoder: 4 blocks of width 256 are 3.16M parameters; the rest is V x D."""
+    cfg = ModelConfig(vocab_size=5814)
+    params = init_params(cfg, np.random.default_rng(0))
+    body = 4 * (256 * 768 + 768 + 256 * 256 + 256 + 256 * 1024 + 1024 + 1024 * 256 + 256 + 4 * 256)
+    assert param_count(params) == 5814 * 256 + 64 * 256 + body + 2 * 256
+    assert params["tok_emb"].dtype == np.float32

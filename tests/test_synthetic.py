@@ -1,0 +1,188 @@
+"""Tests for minialign.synthetic: the SYNTHETIC world and its two files."""
+import hashlib
+import json
+import re
+
+import numpy as np
+import pytest
+
+from minialign.synthetic import (CAPTIONS_NAME, COLOURS, D_IMG, EMBEDDINGS_NAME, KINDS,
+                                 N_FACTORS, POSITIONS, SETTINGS, SIZES, embed_scenes,
+                                 make_world, sample_scene, scene_captions, scene_factors,
+                                 write_world)
+
+N_SMALL = 300  # scenes in the file tests: enough structure, well under a second
+
+
+def words_of(caption):
+    """Lower-case word tokens, hyphenated words kept whole ('jet-black')."""
+    return re.findall(r"[a-z\-]+", caption.lower())
+
+
+def mentioned(caption, vocabulary, plural_nouns=False):
+    """Canonical values of `vocabulary` that the caption names (single-word forms)."""
+    words = set(words_of(caption))
+    found = set()
+    for value, forms in vocabulary.items():
+        surface = [w for pair in forms for w in pair] if plural_nouns else forms
+        if any(w in words for w in surface):
+            found.add(value)
+    return found
+
+
+def test_world_shapes_and_ids():
+    world = make_world(50, np.random.default_rng(0), d_img=32)
+    assert world["image_ids"].dtype == np.int64 and world["image_ids"].shape == (50,)
+    assert len(set(world["image_ids"].tolist())) == 50
+    assert world["embeddings"].shape == (50, 32) and world["embeddings"].dtype == np.float32
+    assert world["factors"].shape == (50, N_FACTORS)
+    assert set(np.unique(world["factors"]).tolist()) == {0.0, 1.0}
+    assert all(1 <= len(s["objects"]) <= 3 for s in world["scenes"])
+    with pytest.raises(ValueError, match="n_scenes"):
+        make_world(0, np.random.default_rng(0))
+
+
+def test_captions_differ_but_describe_the_same_attributes():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        scene = sample_scene(rng)
+        captions = scene_captions(scene, rng)
+        assert len(captions) == 5 and len(set(captions)) == 5
+        kinds = {o["kind"] for o in scene["objects"]}
+        colours = {o["colour"] for o in scene["objects"]}
+        for caption in captions:
+            text = " ".join(words_of(caption))
+            assert mentioned(caption, KINDS, plural_nouns=True) == kinds, caption
+            assert mentioned(caption, COLOURS) == colours, caption
+            assert any(form in text for form in SETTINGS[scene["setting"]]), caption
+            for obj in scene["objects"]:
+                assert any(form in words_of(caption) for form in SIZES[obj["size"]]), caption
+                assert any(form in text for form in POSITIONS[obj["position"]]), caption
+
+
+def test_caption_surface_noise_is_present():
+    world = make_world(400, np.random.default_rng(2), d_img=8)
+    captions = [c for caps in world["captions"] for c in caps]
+    assert any(c.endswith(" ") for c in captions)
+    assert any(c == c.lower() for c in captions)
+    assert any(c[0].isupper() and c != c.upper() for c in captions)
+    assert any(c.rstrip().endswith(".") for c in captions)
+    assert any(not c.rstrip().endswith(".") for c in captions)
+
+
+def test_image_model_is_fixed_across_worlds():
+    scene = sample_scene(np.random.default_rng(3))
+    f = scene_factors(scene)[None, :]                                         # (1, F)
+    a = embed_scenes(f, 0.0, np.random.default_rng(4))                        # (1, 768)
+    b = embed_scenes(f, 0.0, np.random.default_rng(5))                        # (1, 768)
+    assert a.shape == (1, D_IMG) and np.array_equal(a, b)
+
+
+def test_shared_attributes_mean_similar_embeddings():
+    """Change one attribute vs four: the one-change scene must stay closer, on average."""
+    rng = np.random.default_rng(6)
+    base, one_change, four_changes = [], [], []
+    for _ in range(300):
+        scene = sample_scene(rng)
+        obj = scene["objects"][0]
+        other_colour = [c for c in COLOURS if c != obj["colour"]][int(rng.integers(7))]
+        other_position = [p for p in POSITIONS if p != obj["position"]][int(rng.integers(4))]
+        other_setting = [s for s in SETTINGS if s != scene["setting"]][int(rng.integers(5))]
+        v1 = {"setting": scene["setting"],
+              "objects": [{**obj, "colour": other_colour}] + scene["objects"][1:]}
+        v4 = {"setting": other_setting,
+              "objects": [{**obj, "colour": other_colour, "position": other_position,
+                           "size": "big" if obj["size"] == "small" else "small"}]
+              + scene["objects"][1:]}
+        base.append(scene_factors(scene))
+        one_change.append(scene_factors(v1))
+        four_changes.append(scene_factors(v4))
+    e0, e1, e4 = (embed_scenes(np.stack(f), 0.0, rng) for f in (base, one_change, four_changes))
+    d1 = np.linalg.norm(e0 - e1, axis=1)                                      # (300,)
+    d4 = np.linalg.norm(e0 - e4, axis=1)                                      # (300,)
+    assert d1.mean() < 0.8 * d4.mean()
+    assert np.mean(d1 < d4) > 0.9
+    # random pairs: more shared factor bits -> higher correlation of centred embeddings
+    f = np.stack(base)                                                        # (300, F)
+    e = e0 - e0.mean(axis=0)                                                  # (300, 768)
+    e = e / np.linalg.norm(e, axis=1, keepdims=True)                          # (300, 768)
+    shared = (f @ f.T)[np.triu_indices(300, 1)]                               # (P,)
+    cos = (e @ e.T)[np.triu_indices(300, 1)]                                  # (P,)
+    assert np.corrcoef(shared, cos)[0, 1] > 0.5
+
+
+def test_write_world_files(tmp_path):
+    captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=0)
+    assert captions_path == str(tmp_path / CAPTIONS_NAME)
+    assert embeddings_path == str(tmp_path / EMBEDDINGS_NAME)
+    raw = open(captions_path, "rb").read()
+    coco = json.loads(raw)
+    assert coco["info"]["description"] == "SYNTHETIC minialign world, not COCO"
+    image_ids = [img["id"] for img in coco["images"]]
+    assert len(image_ids) == N_SMALL == len(set(image_ids))
+    assert all(img["file_name"] == "synthetic_%06d" % img["id"] for img in coco["images"])
+    ann_ids = [a["id"] for a in coco["annotations"]]
+    assert len(ann_ids) == 5 * N_SMALL == len(set(ann_ids))
+    per_image = {}
+    for a in coco["annotations"]:
+        per_image.setdefault(a["image_id"], []).append(a["caption"])
+    assert sorted(per_image) == sorted(image_ids)
+    assert all(len(caps) == 5 for caps in per_image.values())
+
+    with np.load(embeddings_path, allow_pickle=False) as npz:
+        assert sorted(npz.files) == ["embeddings", "image_ids", "meta"]
+        ids, emb, meta_arr = npz["image_ids"], npz["embeddings"], npz["meta"]
+    assert ids.dtype == np.int64 and ids.tolist() == image_ids
+    assert emb.dtype == np.float32 and emb.shape == (N_SMALL, 768)
+    assert np.all(np.isfinite(emb))
+    assert meta_arr.shape == () and meta_arr.dtype.kind == "U"
+    meta = json.loads(str(meta_arr))
+    assert meta["captions_sha256"] == hashlib.sha256(raw).hexdigest()
+    assert meta["synthetic"] is True and meta["model"] == "synthetic (not DINOv2)"
+    assert (meta["count"], meta["dim"], meta["dtype"]) == (N_SMALL, 768, "float32")
+    assert {"preprocessing", "pooling"} <= set(meta)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CAPTIONS_NAME, EMBEDDINGS_NAME]
+
+
+def test_write_world_is_byte_deterministic(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    files_a = write_world(a, n_scenes=N_SMALL, seed=7)
+    files_b = write_world(b, n_scenes=N_SMALL, seed=7)
+    files_c = write_world(c, n_scenes=N_SMALL, seed=8)
+    for fa, fb, fc in zip(files_a, files_b, files_c):
+        assert open(fa, "rb").read() == open(fb, "rb").read()
+        assert open(fa, "rb").read() != open(fc, "rb").read()
+
+
+def test_write_world_refuses_overwrite(tmp_path):
+    write_world(tmp_path, n_scenes=20, seed=0)
+    before = open(tmp_path / CAPTIONS_NAME, "rb").read()
+    with pytest.raises(FileExistsError, match=CAPTIONS_NAME):
+        write_world(tmp_path, n_scenes=20, seed=1)
+    assert open(tmp_path / CAPTIONS_NAME, "rb").read() == before
+    (tmp_path / CAPTIONS_NAME).unlink()
+    with pytest.raises(FileExistsError, match=EMBEDDINGS_NAME):
+        write_world(tmp_path, n_scenes=20, seed=1)
+    assert not (tmp_path / CAPTIONS_NAME).exists()  # nothing written when refusing
+    write_world(tmp_path, n_scenes=20, seed=1, force=True)
+    assert open(tmp_path / CAPTIONS_NAME, "rb").read() != before
+
+
+def test_default_world_size():
+    """The default 2000-scene world builds in well under the test budget."""
+    world = make_world(2000, np.random.default_rng(0))
+    assert world["embeddings"].shape == (2000, D_IMG)
+    assert len(set(world["image_ids"].tolist())) == 2000
+
+
+def test_files_load_with_the_real_loaders(tmp_path):
+    """The synthetic files pass the same readers as COCO + DINOv2 files."""
+    from minialign.data import load_coco_captions
+    from minialign.embeddings import join_on_ids, load_embeddings
+    captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=0)
+    captions = load_coco_captions(captions_path)
+    emb = load_embeddings(embeddings_path)
+    assert captions.stats["photos"] == N_SMALL and captions.stats["captions"] == 5 * N_SMALL
+    assert emb.meta["synthetic"] is True and emb.embeddings.shape == (N_SMALL, D_IMG)
+    caption_index, emb_index, report = join_on_ids(captions.image_ids, emb)
+    assert report["matched_images"] == N_SMALL and len(caption_index) == N_SMALL
