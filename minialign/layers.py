@@ -19,20 +19,37 @@ GELU_C = np.sqrt(2.0 / np.pi)  # tanh approximation of GELU (Hendrycks & Gimpel 
 GELU_A = 0.044715  # cubic coefficient of the same approximation
 
 
-# ---------------------------------------------------------------- token embedding
+# ---------------------------------------------------------------- embedding lookup
 def embedding_forward(ids, weight):
-    """Row lookup y[b, t] = weight[ids[b, t]].
-    ids: (B, T) int; weight: (V, D). Returns y: (B, T, D) and a cache."""
-    y = weight[ids]                                                       # (B, T, D)
+    """Row lookup y[i] = weight[ids[i]] (token embeddings, and position embeddings with
+    ids = positions). ids: (n,) int; weight: (V, D). Returns y: (n, D) and a cache."""
+    y = weight[ids]                                                       # (n, D)
     return y, (ids, weight.shape)
 
 
 def embedding_backward(dy, cache):
-    """dy: (B, T, D) -> dweight (V, D): each row sums the dy of every position that read it."""
+    """dy: (n, D) -> dweight (V, D): each row sums the dy of every position that read it."""
     ids, shape = cache
     dweight = np.zeros(shape, dtype=dy.dtype)                             # (V, D)
-    np.add.at(dweight, ids.ravel(), dy.reshape(-1, shape[1]))            # repeated ids accumulate
+    np.add.at(dweight, ids, dy)                                           # repeated ids accumulate
     return dweight
+
+
+# ---------------------------------------------------------------- packing
+# Per-token layers (embeddings, LayerNorm, linear, GELU) run on the n real tokens of a batch,
+# stacked as rows of an (n, D) array: no work on padding. Attention needs the (B, T) grid, so
+# it scatters its q, k, v into it and gathers its output back. `real` holds the flat positions
+# b * T + t of the real tokens, in row-major order (= tokens[tokens != PAD]).
+def unpack(x, real, B, T):
+    """Packed rows x: (n, C) -> (B, T, C) grid, zeros at padding."""
+    grid = np.zeros((B * T, x.shape[1]), dtype=x.dtype)                   # (B*T, C)
+    grid[real] = x
+    return grid.reshape(B, T, x.shape[1])
+
+
+def pack(grid, real):
+    """(B, T, C) grid -> its rows at the real positions, (n, C)."""
+    return grid.reshape(-1, grid.shape[-1])[real]                         # (n, C)
 
 
 # ---------------------------------------------------------------- linear
@@ -87,16 +104,16 @@ def layernorm_backward(dy, cache):
 # ---------------------------------------------------------------- GELU (tanh form)
 def gelu_forward(x):
     """GELU, tanh approximation: y = x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2/pi), a = 0.044715
-    (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache."""
-    u = x * x                                                             # (...) x^2, then the tanh
-    u *= GELU_A
-    u += 1.0
-    u *= x
-    u *= GELU_C                                                           # c (x + a x^3)
+    (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache.
+    Written as in-place passes over one buffer: these arrays are the largest in the model."""
+    u = x * x                                                             # (...) x^2
+    u *= GELU_A * GELU_C
+    u += GELU_C
+    u *= x                                                                # c (x + a x^3)
     th = np.tanh(u, out=u)                                                # (...)
-    y = th + 1.0                                                          # (...)
-    y *= x
-    y *= 0.5
+    y = th * x                                                            # (...)
+    y += x
+    y *= 0.5                                                              # x/2 (1 + th)
     return y, (x, th)
 
 
@@ -106,10 +123,10 @@ def gelu_backward(dy, cache):
     dx = x * x                                                            # (...) x^2
     dx *= 3.0 * GELU_A * GELU_C
     dx += GELU_C                                                          # c (1 + 3 a x^2)
+    dx *= x
     sech2 = th * th                                                       # (...)
     np.subtract(1.0, sech2, out=sech2)                                    # 1 - tanh^2
-    dx *= sech2
-    dx *= x                                                               # x (1 - th^2) c (1 + 3a x^2)
+    dx *= sech2                                                           # x (1 - th^2) c (1 + 3a x^2)
     dx += th
     dx += 1.0
     dx *= 0.5
@@ -166,46 +183,48 @@ def softmax_attention_backward(dy, cache):
     return dq, dk, dv
 
 
-def mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, n_heads):
+def mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, n_heads, real, B, T):
     """Multi-head self-attention (Vaswani et al. 2017, sec. 3.2.2) with one fused q/k/v projection.
-    x: (B, T, D); w_qkv: (D, 3D); b_qkv: (3D,); w_o: (D, D); b_o: (D,);
-    bias: attention_bias(...). Returns y: (B, T, D) and a cache."""
-    B, T, D = x.shape
+    x: (n, D) packed real tokens of B sequences of padded length T (`real`: their flat
+    positions); w_qkv: (D, 3D); b_qkv: (3D,); w_o: (D, D); b_o: (D,); bias: attention_bias(...).
+    Returns y: (n, D) and a cache."""
+    D = x.shape[1]
     H, Dh = n_heads, D // n_heads
-    qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                         # (B, T, 3D)
-    qkv = qkv.reshape(B, T, 3, H, Dh).transpose(2, 0, 3, 1, 4)            # (3, B, H, T, Dh)
+    qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                         # (n, 3D)
+    qkv = unpack(qkv, real, B, T).reshape(B, T, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
     a, c_att = softmax_attention_forward(qkv[0], qkv[1], qkv[2], bias)  # (B, H, T, Dh)
-    a = a.transpose(0, 2, 1, 3).reshape(B, T, D)                          # (B, T, D) heads side by side
-    y, c_o = linear_forward(a, w_o, b_o)                                  # (B, T, D)
-    return y, (c_qkv, c_att, c_o, n_heads)
+    a = pack(a.transpose(0, 2, 1, 3).reshape(B, T, D), real)              # (n, D) heads side by side
+    y, c_o = linear_forward(a, w_o, b_o)                                  # (n, D)
+    return y, (c_qkv, c_att, c_o, n_heads, real, B, T)
 
 
 def mha_backward(dy, cache):
-    """dy: (B, T, D) -> dx (B, T, D), dw_qkv, db_qkv, dw_o, db_o."""
-    c_qkv, c_att, c_o, H = cache
-    B, T, D = dy.shape
+    """dy: (n, D) -> dx (n, D), dw_qkv, db_qkv, dw_o, db_o."""
+    c_qkv, c_att, c_o, H, real, B, T = cache
+    D = dy.shape[1]
     Dh = D // H
-    da, dw_o, db_o = linear_backward(dy, c_o)                             # (B, T, D)
-    da = da.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)                    # (B, H, T, Dh)
+    da, dw_o, db_o = linear_backward(dy, c_o)                             # (n, D)
+    da = unpack(da, real, B, T).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B, H, T, Dh)
     dq, dk, dv = softmax_attention_backward(da, c_att)                    # 3 x (B, H, T, Dh)
     dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * D)  # (B, T, 3D)
-    dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (B, T, D)
+    dx, dw_qkv, db_qkv = linear_backward(pack(dqkv, real), c_qkv)         # (n, D)
     return dx, dw_qkv, db_qkv, dw_o, db_o
 
 
 # ---------------------------------------------------------------- pooling
-def masked_mean_forward(h, mask):
-    """Mean over the real tokens of each sequence: z_b = sum_t m_bt h_bt / max(1, sum_t m_bt).
-    h: (B, T, D); mask: (B, T) bool. A sequence with no real token pools to 0.
-    Returns z: (B, D) and a cache."""
-    w = mask / np.maximum(mask.sum(axis=1, keepdims=True), 1)             # (B, T) weights 1/n_b
-    w = w.astype(h.dtype)
-    z = np.einsum("bt,btd->bd", w, h)                                     # (B, D)
-    return z, (w,)
+def mean_pool_forward(h, seq, n_seqs):
+    """Mean over each sequence's real tokens, as a matrix product: z = P h with
+    P[b, i] = 1 / n_b if packed row i belongs to sequence b (n_b rows), else 0.
+    h: (n, D) packed; seq: (n,) int, the sequence of each row; a sequence with no row pools
+    to 0. Returns z: (n_seqs, D) and a cache."""
+    counts = np.bincount(seq, minlength=n_seqs)                           # (n_seqs,) n_b
+    P = np.zeros((n_seqs, len(seq)), dtype=h.dtype)                       # (n_seqs, n)
+    P[seq, np.arange(len(seq))] = 1.0 / counts[seq]
+    z = P @ h                                                             # (n_seqs, D)
+    return z, (P,)
 
 
-def masked_mean_backward(dz, cache):
-    """dz: (B, D) -> dh (B, T, D) = w_bt dz_b."""
-    (w,) = cache
-    dh = w[:, :, None] * dz[:, None, :]                                   # (B, T, D)
-    return dh
+def mean_pool_backward(dz, cache):
+    """dz: (n_seqs, D) -> dh (n, D) = P^T dz."""
+    (P,) = cache
+    return P.T @ dz                                                       # (n, D)

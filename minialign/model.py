@@ -14,7 +14,7 @@ import numpy as np
 
 from .layers import (attention_bias, embedding_backward, embedding_forward, gelu_backward,
                      gelu_forward, layernorm_backward, layernorm_forward, linear_backward,
-                     linear_forward, masked_mean_backward, masked_mean_forward, mha_backward,
+                     linear_forward, mean_pool_backward, mean_pool_forward, mha_backward,
                      mha_forward)
 from .tokenizer import PAD
 
@@ -64,43 +64,48 @@ def param_count(params):
 
 
 def encode(params, tokens, cfg, causal=False):
-    """Caption embedding of a batch of token ids.
+    """Caption embeddings of a batch of token ids.
     tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
     causal: each token reads only itself and earlier tokens (next-token training) instead of
-    the whole caption. Returns z (B, D) mean of the final hidden states over real tokens,
-    h (B, T, D) the final hidden states (after the final LayerNorm), and a cache."""
+    the whole caption. Per-token layers run on the n real tokens only (layers.pack).
+    Returns z (B, D): the mean of the final hidden states over each caption's real tokens;
+    h (n, D): the final hidden states (after the final LayerNorm) of the real tokens, in the
+    order of tokens[tokens != PAD]; and a cache for encode_backward."""
     B, T = tokens.shape
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
     mask = tokens != PAD                                                  # (B, T) real tokens
-    dtype = params["tok_emb"].dtype
-    bias = attention_bias(mask, causal, dtype)                            # (B, 1, 1|T, T)
-    h, c_emb = embedding_forward(tokens, params["tok_emb"])              # (B, T, D)
-    h += params["pos_emb"][:T]
+    real = np.flatnonzero(mask)                                           # (n,) flat positions b*T + t
+    seq, pos = np.divmod(real, T)                                         # (n,), (n,)
+    bias = attention_bias(mask, causal, params["tok_emb"].dtype)          # (B, 1, 1|T, T)
+    h, c_tok = embedding_forward(tokens.ravel()[real], params["tok_emb"])  # (n, D)
+    p_emb, c_pos = embedding_forward(pos, params["pos_emb"])              # (n, D)
+    h += p_emb
     blocks = []
     for i in range(cfg.n_layers):
         p = f"blocks.{i}."
         a, c_ln1 = layernorm_forward(h, params[p + "ln1.gamma"], params[p + "ln1.beta"])
         a, c_att = mha_forward(a, params[p + "attn.w_qkv"], params[p + "attn.b_qkv"],
-                               params[p + "attn.w_o"], params[p + "attn.b_o"], bias, cfg.n_heads)
-        h = h + a                                                         # (B, T, D) residual
+                               params[p + "attn.w_o"], params[p + "attn.b_o"], bias,
+                               cfg.n_heads, real, B, T)                   # (n, D)
+        h = h + a                                                         # (n, D) residual
         m, c_ln2 = layernorm_forward(h, params[p + "ln2.gamma"], params[p + "ln2.beta"])
-        m, c_in = linear_forward(m, params[p + "mlp.w_in"], params[p + "mlp.b_in"])  # (B, T, F)
-        m, c_gelu = gelu_forward(m)                                       # (B, T, F)
-        m, c_out = linear_forward(m, params[p + "mlp.w_out"], params[p + "mlp.b_out"])  # (B, T, D)
-        h = h + m                                                         # (B, T, D) residual
+        m, c_in = linear_forward(m, params[p + "mlp.w_in"], params[p + "mlp.b_in"])  # (n, F)
+        m, c_gelu = gelu_forward(m)                                       # (n, F)
+        m, c_out = linear_forward(m, params[p + "mlp.w_out"], params[p + "mlp.b_out"])  # (n, D)
+        h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
-    h, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (B, T, D)
-    z, c_pool = masked_mean_forward(h, mask)                              # (B, D)
-    return z, h, (c_emb, blocks, c_lnf, c_pool, T)
+    h, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
+    z, c_pool = mean_pool_forward(h, seq, B)                              # (B, D)
+    return z, h, (c_tok, c_pos, blocks, c_lnf, c_pool)
 
 
 def encode_backward(dz, dh, cache, params, cfg):
     """Undo `encode` call for call, in reverse.
-    dz: (B, D) gradient of the loss w.r.t. z; dh: (B, T, D) w.r.t. the final hidden states h,
+    dz: (B, D) gradient of the loss w.r.t. z; dh: (n, D) w.r.t. the final hidden states h,
     or None when the loss reads only z. Returns {name: gradient}, same keys as params."""
-    c_emb, blocks, c_lnf, c_pool, T = cache
+    c_tok, c_pos, blocks, c_lnf, c_pool = cache
     grads = {}
-    dhf = masked_mean_backward(dz, c_pool)                                # (B, T, D)
+    dhf = mean_pool_backward(dz, c_pool)                                  # (n, D)
     if dh is not None:
         dhf += dh                                                         # h fed both pool and head
     dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf, c_lnf)
@@ -118,10 +123,9 @@ def encode_backward(dz, dh, cache, params, cfg):
             grads[p + "attn.b_o"] = mha_backward(dh, c_att)
         da, grads[p + "ln1.gamma"], grads[p + "ln1.beta"] = layernorm_backward(da, c_ln1)
         dh = dh + da
-    # forward: h = tok_emb[tokens] + pos_emb[:T]
-    grads["pos_emb"] = np.zeros_like(params["pos_emb"])
-    grads["pos_emb"][:T] = dh.sum(axis=0)
-    grads["tok_emb"] = embedding_backward(dh, c_emb)
+    # forward: h = tok_emb[tokens] + pos_emb[positions]
+    grads["pos_emb"] = embedding_backward(dh, c_pos)
+    grads["tok_emb"] = embedding_backward(dh, c_tok)
     return grads
 
 

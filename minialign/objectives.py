@@ -23,7 +23,7 @@ def good_views(params, batch, cfg, rng):
     """Two different human captions of the same photo are the two views -> VICReg."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # 1 (2B, T) caption a | b
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (2B, T, D)
+    z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
                                             cfg.cov_weight)
     grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
@@ -35,7 +35,7 @@ def bad_views(params, batch, cfg, rng):
     tokens = np.concatenate([mask_words(batch.tokens_a, cfg.mask_rate, rng),   # 1 (2B, T)
                              mask_words(batch.tokens_a, cfg.mask_rate, rng)])  # 1 masking a | b
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (2B, T, D)
+    z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
                                             cfg.cov_weight)
     grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
@@ -47,7 +47,7 @@ def next_token(params, batch, cfg, rng):
     same VICReg variance + covariance terms on the two captions of each photo (no invariance)."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # 1 (2B, T) caption a | b
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=True)          # 2 (2B, D), (2B, T, D)
+    z, h, cache = encode(params, tokens, cfg.model, causal=True)          # 2 (2B, D), (n, D)
     w = cfg.anticollapse_weight
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0, w * cfg.var_weight,
                                             w * cfg.cov_weight)
@@ -59,16 +59,18 @@ def next_token(params, batch, cfg, rng):
 
 
 def _next_token_head(tok_emb, h, tokens):
-    """Cross-entropy of predicting tokens[:, t+1] from h[:, t], over the positions whose next
-    token is real (not padding). tok_emb: (V, D); h: (B, T, D); tokens: (B, T).
-    Returns dh (B, T, D), the loss, its stats and the head's dtok_emb (V, D)."""
+    """Cross-entropy of predicting tokens[b, t+1] from the hidden state of tokens[b, t], over the
+    real tokens whose next token is real (not padding). tok_emb: (V, D); h: (n, D) packed as
+    tokens[tokens != PAD]; tokens: (B, T). Returns dh (n, D), the loss, its stats and the
+    head's dtok_emb (V, D)."""
     targets = np.full_like(tokens, PAD)                                   # (B, T)
     targets[:, :-1] = tokens[:, 1:]                                       # next token, PAD at end
-    has_target = targets != PAD                                           # (B, T)
-    logits, c_head = lm_head_forward(h[has_target], tok_emb)              # (n, V) only real targets
+    targets = targets[tokens != PAD]                                      # (n,) aligned with h
+    has_target = targets != PAD                                           # (n,) all but EOS
+    logits, c_head = lm_head_forward(h[has_target], tok_emb)              # (n_t, V)
     loss, dlogits, stats = cross_entropy(logits, targets[has_target])
-    dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # (n, D), (V, D)
-    dh = np.zeros_like(h)                                                 # (B, T, D)
+    dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # (n_t, D), (V, D)
+    dh = np.zeros_like(h)                                                 # (n, D)
     dh[has_target] = dh_real
     return dh, loss, stats, dtok_emb
 

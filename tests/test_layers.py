@@ -5,9 +5,9 @@ from gradcheck import numerical_grad, rel_err
 
 from minialign.layers import (attention_bias, embedding_backward, embedding_forward,
                               gelu_backward, gelu_forward, layernorm_backward, layernorm_forward,
-                              linear_backward, linear_forward, masked_mean_backward,
-                              masked_mean_forward, mha_backward, mha_forward,
-                              softmax_attention_backward, softmax_attention_forward)
+                              linear_backward, linear_forward, mean_pool_backward,
+                              mean_pool_forward, mha_backward, mha_forward, pack,
+                              softmax_attention_backward, softmax_attention_forward, unpack)
 
 TOL = 1e-7
 
@@ -53,23 +53,32 @@ def test_gelu_backward_and_values():
 def test_embedding_backward_repeated_ids():
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((6, 4))
-    ids = np.array([[1, 2, 1], [5, 1, 0]])                # id 1 read three times
-    dy = rng.standard_normal((2, 3, 4))
+    ids = np.array([1, 2, 1, 5, 1, 0])                    # id 1 read three times
+    dy = rng.standard_normal((6, 4))
     loss = lambda: np.sum(embedding_forward(ids, weight)[0] * dy)
     check(loss, (embedding_backward(dy, embedding_forward(ids, weight)[1]),), (weight,), ["w"])
 
 
-def test_masked_mean_values_and_backward():
+def test_mean_pool_values_and_backward():
     rng = np.random.default_rng(4)
-    h = rng.standard_normal((3, 4, 2))
-    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=bool)
-    z, cache = masked_mean_forward(h, mask)
-    np.testing.assert_allclose(z[0], h[0, :2].mean(axis=0))
-    np.testing.assert_allclose(z[1], h[1].mean(axis=0))
-    np.testing.assert_array_equal(z[2], 0.0)               # no real token pools to 0, not NaN
+    h = rng.standard_normal((6, 2))                       # rows of sequences 0, 0, 1, 1, 1, 1
+    seq = np.array([0, 0, 1, 1, 1, 1])
+    z, cache = mean_pool_forward(h, seq, 3)               # sequence 2 has no real token
+    np.testing.assert_allclose(z[0], h[:2].mean(axis=0))
+    np.testing.assert_allclose(z[1], h[2:].mean(axis=0))
+    np.testing.assert_array_equal(z[2], 0.0)               # pools to 0, not NaN
     dz = rng.standard_normal((3, 2))
-    loss = lambda: np.sum(masked_mean_forward(h, mask)[0] * dz)
-    check(loss, (masked_mean_backward(dz, cache),), (h,), "h")
+    loss = lambda: np.sum(mean_pool_forward(h, seq, 3)[0] * dz)
+    check(loss, (mean_pool_backward(dz, cache),), (h,), "h")
+
+
+def test_pack_unpack_round_trip():
+    mask = np.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
+    real = np.flatnonzero(mask)
+    x = np.arange(6.0).reshape(3, 2)
+    grid = unpack(x, real, 2, 3)
+    np.testing.assert_array_equal(grid, [[[0, 1], [2, 3], [0, 0]], [[4, 5], [0, 0], [0, 0]]])
+    np.testing.assert_array_equal(pack(grid, real), x)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -106,12 +115,14 @@ def test_attention_reads_only_allowed_keys():
 def test_mha_backward(causal):
     rng = np.random.default_rng(7)
     B, T, D, H = 2, 4, 6, 2
-    x = rng.standard_normal((B, T, D))
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=bool)
+    real = np.flatnonzero(mask)
+    x = rng.standard_normal((len(real), D))                # 7 packed real tokens
     w_qkv, b_qkv = rng.standard_normal((D, 3 * D)) / 2, rng.standard_normal(3 * D)
     w_o, b_o = rng.standard_normal((D, D)) / 2, rng.standard_normal(D)
-    bias = attention_bias(np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=bool), causal, np.float64)
-    dy = rng.standard_normal((B, T, D))
-    fwd = lambda: mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, H)
+    bias = attention_bias(mask, causal, np.float64)
+    dy = rng.standard_normal((len(real), D))
+    fwd = lambda: mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, H, real, B, T)
     loss = lambda: np.sum(fwd()[0] * dy)
     check(loss, mha_backward(dy, fwd()[1]), (x, w_qkv, b_qkv, w_o, b_o),
           ("x", "w_qkv", "b_qkv", "w_o", "b_o"))
@@ -125,5 +136,6 @@ def test_layers_keep_float32():
     assert gelu_forward(x)[0].dtype == np.float32
     bias = attention_bias(np.ones((2, 3), bool), True, np.float32)
     w_qkv, w_o = np.ones((4, 12), np.float32), np.ones((4, 4), np.float32)
-    y, _ = mha_forward(x, w_qkv, np.zeros(12, np.float32), w_o, b, bias, 2)
+    y, _ = mha_forward(x.reshape(6, 4), w_qkv, np.zeros(12, np.float32), w_o, b, bias, 2,
+                       np.arange(6), 2, 3)
     assert y.dtype == np.float32

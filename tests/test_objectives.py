@@ -69,12 +69,13 @@ def test_causal_encoding_ignores_later_tokens():
     tokens = tiny_batch().tokens_a
     changed = tokens.copy()
     changed[0, 4] = 19                                    # a later word of caption 0
-    _, h, _ = encode(params, tokens, TINY, causal=True)
+    _, h, _ = encode(params, tokens, TINY, causal=True)   # packed: rows 0-6 are caption 0
     _, h2, _ = encode(params, changed, TINY, causal=True)
-    np.testing.assert_allclose(h2[0, :4], h[0, :4], rtol=1e-12)
-    assert not np.allclose(h2[0, 4:], h[0, 4:])
+    np.testing.assert_allclose(h2[:4], h[:4], rtol=1e-12)
+    assert not np.allclose(h2[4:7], h[4:7])
+    np.testing.assert_allclose(h2[7:], h[7:], rtol=1e-12)  # other captions never see it
     _, h3, _ = encode(params, changed, TINY, causal=False)
-    assert not np.allclose(h3[0, :4], encode(params, tokens, TINY, causal=False)[1][0, :4])
+    assert not np.allclose(h3[:4], encode(params, tokens, TINY, causal=False)[1][:4])
 
 
 def test_padding_does_not_change_the_embedding():

@@ -1,0 +1,323 @@
+"""Evaluation decoupled from training: saved caption embeddings x frozen image embeddings.
+
+    python -m minialign evaluate --run DIR [--run DIR ...] [--embeddings PATH] [--json]
+
+Training writes caption embeddings of the val photos at every evaluation step, and of the
+val, test and train photos at the final step, into DIR/captions/<split>_step<step>.npz
+(train.save_caption_embeddings). This module scores them against the frozen DINOv2 image
+embeddings of the same photos (embeddings.py), so training never reads the image file and a
+new metric never needs a new training run. For each saved step:
+
+  val  (every step):  mutual kNN@K between captions and images (Huh et al. 2024)
+  test (final step):  mutual kNN@K, and caption -> image R@1/5/10 after an orthogonal
+                      Procrustes rotation (Schoenemann 1966) fitted on the TRAIN photos
+  both:               text-side metrics recomputed from the saved float16 embeddings
+                      (paraphrase R@1, collapse std, effective rank; train.text_metrics)
+
+Caption slots: every photo has >= 2 captions, slot s = its s-th caption. Image metrics are
+computed once per slot, on the photos that have ALL saved slots and an image embedding (the
+same N photos for every slot, so one chance level), and reported as {"mean" over slots,
+"slot0", "per_slot"} (metrics.slot_metrics). The rotation W is fitted once per step on ONE
+caption per train photo, its slot-0 caption, against that photo's image embedding, and the
+same W maps every test slot: the test rows also hold one caption per photo, and the spread
+over slots then measures caption wording only, not different fits.
+
+Results go into DIR/metrics.json under "image_alignment" (written atomically). Without the
+image file only the text-side metrics are printed, which is not an error.
+"""
+import json
+import re
+import sys
+from functools import reduce
+from pathlib import Path
+
+import numpy as np
+
+from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
+from .metrics import DEFAULT_KS, MUTUAL_KNN_K, mutual_knn, procrustes_recall, slot_metrics
+from .train import atomic_write_json, text_metrics
+
+K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
+RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
+SPLITS = ("val", "test", "train")
+STEP_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")  # train.py: f"{split}_step{step:05d}"
+DEFAULT_EMBEDDINGS = "embeddings/coco_val2017_dinov2-base.npz"
+EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images <COCO images dir> "
+                  "--model facebook/dinov2-base --out {out}")
+
+
+def check_run_dir(run_dir):
+    """The run directory as a Path; ValueError naming it unless it holds config.json and a
+    captions/ folder with at least one val_step*.npz."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file() or not (run_dir / "captions").is_dir():
+        raise ValueError(f"{run_dir}: not a run directory (needs config.json and captions/, "
+                         f"as written by `python -m minialign train`)")
+    if not any((run_dir / "captions").glob("val_step*.npz")):
+        raise ValueError(f"{run_dir}: captions/ holds no val_step*.npz (no evaluation saved yet)")
+    return run_dir
+
+
+def caption_files(run_dir):
+    """{step: {split: path}} for every captions/<split>_step<step>.npz, steps ascending."""
+    files = {}
+    for path in sorted(Path(run_dir, "captions").iterdir()):
+        match = STEP_FILE.match(path.name)
+        if match:
+            files.setdefault(int(match.group(2)), {})[match.group(1)] = path
+    return dict(sorted(files.items()))
+
+
+def load_caption_slots(path):
+    """One saved caption file -> [(image_ids (P_s,) int64, z (P_s, D) float32) for s = 0, 1, ..].
+    Raises ValueError naming the file if it is unreadable, has fewer than 2 slots, or its arrays
+    disagree (ranks, row counts, widths, repeated ids)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{path}: cannot read saved caption embeddings: {err}") from err
+    slots = []
+    while f"slot{len(slots)}_z" in arrays and f"slot{len(slots)}_image_ids" in arrays:
+        s = len(slots)
+        ids, z = arrays[f"slot{s}_image_ids"], arrays[f"slot{s}_z"]
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or z.ndim != 2 or len(ids) != len(z):
+            raise ValueError(f"{path}: slot {s} has image_ids {ids.shape} {ids.dtype} and "
+                             f"z {z.shape}; expected (P,) integer and (P, D)")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"{path}: slot {s} repeats an image id")
+        slots.append((ids.astype(np.int64), z.astype(np.float32)))       # (P_s,), (P_s, D)
+    if len(slots) < 2 or len({z.shape[1] for _, z in slots}) != 1:
+        raise ValueError(f"{path}: expected slot0_z, slot1_z, ... of one width, "
+                         f"has {sorted(arrays)}")
+    return slots
+
+
+def rows_of(ids, wanted):
+    """Index of each id of `wanted` (N,) in `ids` (P,): ids[rows_of(ids, wanted)] == wanted."""
+    row = {image_id: r for r, image_id in enumerate(ids.tolist())}
+    return np.array([row[image_id] for image_id in wanted.tolist()], dtype=np.int64)  # (N,)
+
+
+def joined_slots(slots, emb, where):
+    """Caption and image rows of the photos that have every slot AND an image embedding.
+    slots: [(image_ids (P_s,), z (P_s, D))]; emb: ImageEmbeddings; where: names the split.
+    Returns z_slots [(N, D) per slot], img (N, D_img) float32 and a count dict; row i of
+    each is the photo with the i-th smallest image id. Raises ValueError if N <= K."""
+    with_all_slots = reduce(np.intersect1d, [ids for ids, _ in slots])   # (P_all,) sorted
+    cap_idx, emb_idx, _ = join_on_ids(with_all_slots, emb)
+    ids = with_all_slots[cap_idx]                                         # (N,)
+    if len(ids) <= K:
+        raise ValueError(f"{emb.path}: only {len(ids)} of the {len(slots[0][0])} photos of "
+                         f"{where} have an embedding; mutual kNN@{K} needs at least {K + 1}")
+    z_slots = [z[rows_of(slot_ids, ids)] for slot_ids, z in slots]        # S x (N, D)
+    img = emb.embeddings[emb_idx]                                         # (N, D_img)
+    counts = {"photos": len(ids), "split_photos": len(slots[0][0]),
+              "without_all_slots": len(slots[0][0]) - len(with_all_slots),
+              "without_embedding": len(with_all_slots) - len(ids)}
+    return z_slots, img, counts
+
+
+def score_test(z_slots, img, train_slots, emb, where):
+    """Caption -> image R@k on the test photos after a rotation fitted on the train photos.
+    z_slots: S x (N, D) test captions, img (N, D_img) their images; train_slots as saved.
+    W is fitted on (slot-0 caption, image) pairs of the train photos (metrics.procrustes_recall;
+    it refits per slot, on identical inputs, so every slot sees the same W).
+    Returns {"R@k": {"mean", "slot0", "per_slot"}} (the summary of metrics.slot_metrics)
+    and the number of train photos in the fit."""
+    train_ids, train_z = train_slots[0]                                   # (P_train,), (P_train, D)
+    cap_idx, emb_idx, _ = join_on_ids(train_ids, emb)
+    if len(cap_idx) <= train_z.shape[1]:
+        print(f"warning: {where}: rotation fitted on {len(cap_idx)} train photos, no more than "
+              f"the {train_z.shape[1]} caption dimensions; W is underdetermined", file=sys.stderr)
+    recalls = [procrustes_recall(train_z[cap_idx], emb.embeddings[emb_idx], z, img, ks=RECALL_KS)
+               for z in z_slots]                                          # S x {"R@k": float}
+    out = {}
+    for k in RECALL_KS:
+        per_slot = [r[f"R@{k}"] for r in recalls]
+        out[f"R@{k}"] = {"mean": float(np.mean(per_slot)), "slot0": per_slot[0],
+                         "per_slot": per_slot}
+    return out, len(cap_idx)
+
+
+def evaluate_split(slots, emb, train_slots, where):
+    """All metrics of one saved split file. slots: the split's captions (load_caption_slots);
+    emb: ImageEmbeddings or None (text side only); train_slots: the train captions of the same
+    step for the test split's rotation, else None. Returns {"text": {...}, and with emb
+    "photos": {...}, "mutual_knn": {"mean", "slot0", "per_slot"}, and with train_slots "R@k"}."""
+    out = {"text": text_metrics(dict(enumerate(slots)))}   # slots 0 and 1 hold every photo
+    if emb is None:
+        return out
+    z_slots, img, out["photos"] = joined_slots(slots, emb, where)
+    out["mutual_knn"] = slot_metrics(mutual_knn, z_slots, img, k=K)
+    if train_slots is not None:
+        recalls, out["photos"]["train_fit"] = score_test(z_slots, img, train_slots, emb, where)
+        out.update(recalls)
+    return out
+
+
+def chance_levels(steps):
+    """Chance of each image metric, from the last step holding each split (N = photos scored):
+    mutual kNN@K ~ K / (N - 1), R@k = k / N."""
+    chance = {}
+    for entry in steps:
+        for split in ("val", "test"):
+            if "photos" in entry.get(split, {}):
+                n = entry[split]["photos"]["photos"]
+                chance[split] = {"photos": n, "mutual_knn": K / (n - 1)}
+                if "R@1" in entry[split]:
+                    chance[split].update({f"R@{k}": k / n for k in RECALL_KS})
+    return chance
+
+
+def evaluate_run(run_dir, emb, write=True):
+    """Score every saved step of one run. run_dir: a training run directory; emb: loaded
+    ImageEmbeddings, or None for the text-side metrics only. With emb and write, the result
+    (less "run") is stored in run_dir/metrics.json under "image_alignment".
+    Returns {"run", "objective", "seed", "k", "embeddings", "join", "chance", "fit",
+    "steps": [{"step", "val": {...}, "test": {...} at the final step}]}.
+    Raises ValueError naming run_dir or a file for a bad run, a bad saved file, or image
+    embeddings that miss the run's photos or are narrower than the captions."""
+    run_dir = check_run_dir(run_dir)
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    files = caption_files(run_dir)
+    loaded = {path: load_caption_slots(path) for by_split in files.values()
+              for path in by_split.values()}
+    result = {"run": str(run_dir), "objective": config["objective"], "seed": config["seed"],
+              "k": K, "embeddings": None, "join": None, "chance": None,
+              "fit": "W fitted per step on the slot-0 caption of each train photo vs its image "
+                     "embedding; the same W maps every test slot", "steps": []}
+    if emb is not None:
+        width = next(iter(loaded.values()))[0][1].shape[1]
+        if emb.embeddings.shape[1] < width:
+            raise ValueError(f"{emb.path}: image embeddings are {emb.embeddings.shape[1]}-d, "
+                             f"narrower than the {width}-d captions of {run_dir}")
+        run_ids = np.unique(np.concatenate([ids for slots in loaded.values() for ids, _ in slots]))
+        try:
+            result["join"] = join_on_ids(run_ids, emb)[2]
+        except ValueError as err:
+            raise ValueError(f"{run_dir}: {err}") from None
+        result["embeddings"] = {"path": str(emb.path), "sha256": sha256_file(emb.path),
+                                "model": emb.meta["model"], "count": int(emb.meta["count"]),
+                                "dim": int(emb.meta["dim"])}
+    for step, by_split in files.items():
+        entry = {"step": step}
+        for split in ("val", "test"):
+            if split in by_split:
+                if split == "test" and "train" not in by_split:
+                    raise ValueError(f"{run_dir}: step {step} has test but no train captions")
+                train_slots = loaded[by_split["train"]] if split == "test" else None
+                entry[split] = evaluate_split(loaded[by_split[split]], emb, train_slots,
+                                              f"{run_dir} {split} step {step}")
+        result["steps"].append(entry)
+    if emb is not None:
+        result["chance"] = chance_levels(result["steps"])
+        if write:
+            write_image_alignment(run_dir, result)
+    return result
+
+
+def write_image_alignment(run_dir, result):
+    """Set metrics.json["image_alignment"] = result less "run"; temporary file + os.replace."""
+    path = Path(run_dir) / "metrics.json"
+    try:
+        metrics = json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON: {err}") from None
+    metrics["image_alignment"] = {key: v for key, v in result.items() if key != "run"}
+    atomic_write_json(path, metrics)
+
+
+def summary_row(result):
+    """One run's headline numbers, from its last step with test metrics (else its last step).
+    Image metrics are means over caption slots; paraphrase R@1 is the test split's."""
+    entry = next((e for e in reversed(result["steps"]) if "test" in e), result["steps"][-1])
+    split = "test" if "test" in entry else "val"
+    text = entry[split]["text"]
+    row = {"run": result["run"], "objective": result["objective"], "seed": result["seed"],
+           "step": entry["step"], "split": split, "paraphrase_R@1": text["paraphrase_R@1"],
+           "paraphrase_chance": text["chance"], "std": text["std"],
+           "effective_rank": text["effective_rank"]}
+    if result["embeddings"] is not None and split == "test":
+        test, chance = entry["test"], result["chance"]["test"]
+        row.update({"mutual_knn": test["mutual_knn"]["mean"], "mutual_knn_chance":
+                    chance["mutual_knn"], "photos": chance["photos"]})
+        for k in RECALL_KS:
+            row.update({f"R@{k}": test[f"R@{k}"]["mean"], f"R@{k}_chance": chance[f"R@{k}"]})
+    return row
+
+
+def format_table(rows, image):
+    """Fixed-width text table: one line per run; "-" where a run has no test step yet."""
+    if image:
+        cols = [("mutual_knn", f"mkNN@{K}"), ("mutual_knn_chance", "chance"), ("R@1", "R@1"),
+                ("R@1_chance", "chance"), ("paraphrase_R@1", "para R@1"),
+                ("paraphrase_chance", "chance")]
+    else:
+        cols = [("paraphrase_R@1", "para R@1"), ("paraphrase_chance", "chance"),
+                ("std", "std"), ("effective_rank", "eff rank")]
+    header = ["run", "objective", "seed", "step", "split"] + [name for _, name in cols]
+    lines = [[r["run"], r["objective"], str(r["seed"]), str(r["step"]), r["split"]]
+             + [f"{r[key]:.3f}" if key in r else "-" for key, _ in cols] for r in rows]
+    widths = [max(len(line[i]) for line in [header] + lines) for i in range(len(header))]
+
+    def fmt(line):  # run and objective left-aligned, numbers right-aligned
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(line, widths)))
+    return "\n".join([fmt(header)] + [fmt(line) for line in lines])
+
+
+def missing_embeddings_note(path, captions):
+    """What to say when there is no image embeddings file: why, and the command that makes it."""
+    why = "--embeddings was not given" if path is None else f"{path} does not exist"
+    command = EXPORT_COMMAND.format(captions=captions, out=path or DEFAULT_EMBEDDINGS)
+    return (f"image alignment not computed: it needs the frozen DINOv2 image embeddings file "
+            f"and {why}. Create it once (COCO images + the [export] extra; see "
+            f"embeddings/README.md):\n  {command}\nthen rerun with --embeddings "
+            f"{path or DEFAULT_EMBEDDINGS}. Shown above: the text-side metrics only.")
+
+
+def add_evaluate_args(p):
+    """The `evaluate` sub-command's options."""
+    p.add_argument("--run", action="append", required=True, metavar="DIR",
+                   help="run directory written by `train`; repeat for several runs")
+    p.add_argument("--embeddings", default=None, metavar="PATH",
+                   help=f"frozen image embeddings .npz, e.g. {DEFAULT_EMBEDDINGS}; if omitted "
+                        "or absent, only text-side metrics are printed")
+    p.add_argument("--json", action="store_true",
+                   help="print a machine-readable JSON summary instead of the table")
+
+
+def run_evaluate(args):
+    """Evaluate every --run, store image alignment in each metrics.json, print a summary.
+    Returns the printed summary dict. Raises ValueError for a bad run or a corrupt or
+    mismatched embeddings file; a missing one only limits the output to the text side."""
+    runs = [check_run_dir(r) for r in args.run]              # bad input fails before any work
+    emb = note = None
+    if args.embeddings is not None and Path(args.embeddings).exists():
+        emb = load_embeddings(args.embeddings)
+    else:
+        captions = json.loads((runs[0] / "config.json").read_text())["config"]["captions"]
+        note = missing_embeddings_note(args.embeddings, captions or "<captions>")
+    results = [evaluate_run(r, emb, write=False) for r in runs]
+    if emb is not None:                                      # every run scored: now write
+        for run_dir, result in zip(runs, results):
+            write_image_alignment(run_dir, result)
+    rows = [summary_row(r) for r in results]
+    summary = {"embeddings": results[0]["embeddings"], "k": K, "runs": rows,
+               "join": [r["join"] for r in results], "note": note}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        if note:
+            print(note, file=sys.stderr)
+        return summary
+    if emb is not None:
+        for result in results:
+            print(f"{result['run']}: {describe_join(result['join'])}")
+        print(f"image embeddings {emb.path} (sha256 {results[0]['embeddings']['sha256'][:12]}"
+              f"...); test metrics are means over caption slots, R@1 after a Procrustes "
+              f"rotation fitted on the train photos; chance: mkNN@{K} = {K}/(N-1), R@1 = 1/N")
+    print(format_table(rows, image=emb is not None))
+    if note:
+        print(note)
+    return summary

@@ -1,0 +1,276 @@
+"""Tests of evaluate.py: saved caption embeddings of a trained run x image embeddings.
+
+Runs are tiny models trained for 6 steps on a 300-scene SYNTHETIC world (synthetic.py), once
+per module; every test that writes evaluates its own copy of a run.
+"""
+import argparse
+import ast
+import inspect
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minialign import evaluate, synthetic, train
+from minialign.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign.metrics import collapse_stats, mutual_knn, paraphrase_r_at_1, procrustes_recall
+from minialign.model import ModelConfig
+
+PKG = Path(evaluate.__file__).parent
+TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
+STEPS, EVAL_EVERY = 6, 3          # saves val at steps 3 and 6, test and train at step 6
+N_SCENES, N_SPLIT = 300, 60       # data.split_photos default: min(1000, 300 // 5) = 60
+OBJECTIVES = ("good_views", "next_token")
+IMAGE_ONLY_MODULES = {"embeddings", "evaluate", "export", "synthetic"}  # read image embeddings
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """{"captions", "embeddings", "runs": {objective: run dir}}, never written to by tests."""
+    root = tmp_path_factory.mktemp("world")
+    captions, embeddings = synthetic.write_world(root, n_scenes=N_SCENES, seed=0)
+    runs = {}
+    for objective in OBJECTIVES:
+        cfg = train.TrainConfig(objective=objective, captions=captions, steps=STEPS,
+                                eval_every=EVAL_EVERY, batch_photos=32, model=TINY)
+        runs[objective] = root / f"{objective}-seed0"
+        train.train(cfg, runs[objective], progress=False)
+    return {"captions": captions, "embeddings": embeddings, "runs": runs}
+
+
+def copy_run(world, objective, tmp_path):
+    return Path(shutil.copytree(world["runs"][objective], tmp_path / objective))
+
+
+def cli(*argv):
+    """`python -m minialign evaluate ARGV` without the process: parse, then run_evaluate."""
+    parser = argparse.ArgumentParser()
+    evaluate.add_evaluate_args(parser)
+    return evaluate.run_evaluate(parser.parse_args([str(a) for a in argv]))
+
+
+def test_split_defaults_fit_300_photos(world):
+    info = json.loads((world["runs"]["good_views"] / "config.json").read_text())["info"]
+    assert info["photos"] == {"train": N_SCENES - 2 * N_SPLIT, "val": N_SPLIT, "test": N_SPLIT}
+
+
+def test_end_to_end_on_synthetic_world(world, tmp_path, capsys):
+    runs = [copy_run(world, objective, tmp_path) for objective in OBJECTIVES]
+    before = [json.loads((run / "metrics.json").read_text()) for run in runs]
+    cli("--run", runs[0], "--run", runs[1], "--embeddings", world["embeddings"])
+    out = capsys.readouterr().out
+    for run, old in zip(runs, before):
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["evals"] == old["evals"] and metrics["final"] == old["final"]  # kept
+        ia = metrics["image_alignment"]
+        assert ia["embeddings"]["sha256"] == sha256_file(world["embeddings"])
+        assert [e["step"] for e in ia["steps"]] == [EVAL_EVERY, STEPS]   # every saved step
+        n = N_SPLIT
+        assert ia["chance"] == {"val": {"photos": n, "mutual_knn": 10 / (n - 1)},
+                                "test": {"photos": n, "mutual_knn": 10 / (n - 1),
+                                         "R@1": 1 / n, "R@5": 5 / n, "R@10": 10 / n}}
+        assert ia["join"]["caption_ids_only"] == ia["join"]["embedding_ids_only"] == 0
+        for entry in ia["steps"]:
+            assert entry["val"]["photos"]["photos"] == n
+            values = list(entry["val"]["mutual_knn"]["per_slot"])
+            if entry["step"] == STEPS:
+                test = entry["test"]
+                assert test["photos"]["train_fit"] == N_SCENES - 2 * n
+                for key in ("mutual_knn", "R@1", "R@5", "R@10"):
+                    assert len(test[key]["per_slot"]) == 5
+                    assert test[key]["mean"] == pytest.approx(np.mean(test[key]["per_slot"]))
+                    values += test[key]["per_slot"]
+            else:
+                assert "test" not in entry
+            assert all(0.0 <= v <= 1.0 for v in values)
+        assert any(line.startswith(str(run)) and metrics["objective"] in line
+                   for line in out.splitlines()), out
+    assert f"{10 / 59:.3f}" in out and f"{1 / 60:.3f}" in out      # chance columns
+    # a second evaluation gives identical numbers, hence an identical metrics.json
+    first = [(run / "metrics.json").read_bytes() for run in runs]
+    cli("--run", runs[0], "--run", runs[1], "--embeddings", world["embeddings"])
+    assert [(run / "metrics.json").read_bytes() for run in runs] == first
+
+
+def saved(run, split, step):
+    with np.load(run / "captions" / f"{split}_step{step:05d}.npz") as npz:
+        return [(npz[f"slot{s}_image_ids"], npz[f"slot{s}_z"]) for s in range(5)]
+
+
+def test_numbers_equal_metrics_on_saved_arrays(world):
+    run = world["runs"]["next_token"]
+    emb = load_embeddings(world["embeddings"])
+    row = {image_id: r for r, image_id in enumerate(emb.image_ids.tolist())}
+
+    def images(ids):  # (P,) image ids -> (P, D_img) their rows of the embeddings file
+        return emb.embeddings[[row[i] for i in ids.tolist()]]
+
+    result = evaluate.evaluate_run(run, emb, write=False)
+    val3, final = result["steps"][0]["val"], result["steps"][1]
+    for s, (ids, z) in enumerate(saved(run, "val", EVAL_EVERY)):
+        assert val3["mutual_knn"]["per_slot"][s] == mutual_knn(z, images(ids), k=10)
+    train_ids, train_z = saved(run, "train", STEPS)[0]
+    test_slots = saved(run, "test", STEPS)
+    for s, (ids, z) in enumerate(test_slots):
+        assert final["test"]["mutual_knn"]["per_slot"][s] == mutual_knn(z, images(ids), k=10)
+        direct = procrustes_recall(train_z, images(train_ids), z, images(ids))
+        for k in (1, 5, 10):
+            assert final["test"][f"R@{k}"]["per_slot"][s] == direct[f"R@{k}"]
+    text = final["test"]["text"]
+    assert text["paraphrase_R@1"] == paraphrase_r_at_1(test_slots[0][1], test_slots[1][1])
+    assert text["std"] == collapse_stats(test_slots[0][1])["std"]
+    # recomputed from float16 files, the text side agrees with training's float32 numbers
+    trained = json.loads((run / "metrics.json").read_text())["final"]["test"]
+    assert text["std"] == pytest.approx(trained["std"], rel=1e-2)
+    assert text["effective_rank"] == pytest.approx(trained["effective_rank"], rel=1e-2)
+
+
+def fake_run(root, ids, width=8, seed=0):
+    """A hand-made run directory (one step, 2) whose photos `ids` (P,) have 5 captions each,
+    except the first photo of each split, which has 4 (no slot 4)."""
+    rng = np.random.default_rng(seed)
+    (root / "captions").mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(
+        {"config": {"objective": "good_views", "seed": 0, "captions": "c.json"}, "info": {}}))
+    (root / "metrics.json").write_text(json.dumps({"objective": "good_views", "seed": 0}))
+    for split, part in zip(("val", "test", "train"), np.split(ids, [20, 40])):
+        arrays = {}
+        for s in range(5):
+            part_s = part[1:] if s == 4 else part
+            arrays[f"slot{s}_image_ids"] = part_s
+            arrays[f"slot{s}_z"] = rng.standard_normal((len(part_s), width)).astype(np.float16)
+        np.savez(root / "captions" / f"{split}_step00002.npz", **arrays)
+    return root
+
+
+def fake_embeddings(path, ids, dim=16, seed=1):
+    meta = {"model": "test", "preprocessing": "none", "pooling": "none", "captions_sha256": ""}
+    rng = np.random.default_rng(seed)
+    return save_embeddings(path, ids, rng.standard_normal((len(ids), dim)), meta)
+
+
+def test_photos_missing_a_slot_or_an_embedding_are_left_out_and_reported(tmp_path):
+    ids = np.arange(100, 200, dtype=np.int64)                   # val 20, test 20, train 60
+    run = fake_run(tmp_path / "run", ids)
+    embedded = np.concatenate([np.delete(ids, [5, 6, 25]), [900, 901]])  # 2 val, 1 test gone
+    emb = load_embeddings(fake_embeddings(tmp_path / "e.npz", embedded))
+    result = evaluate.evaluate_run(run, emb)
+    val, test = result["steps"][0]["val"], result["steps"][0]["test"]
+    assert val["photos"] == {"photos": 17, "split_photos": 20, "without_all_slots": 1,
+                             "without_embedding": 2}
+    assert test["photos"] == {"photos": 18, "split_photos": 20, "without_all_slots": 1,
+                              "without_embedding": 1, "train_fit": 60}
+    assert result["join"]["caption_ids_only_examples"] == [105, 106, 125]
+    assert result["join"]["embedding_ids_only_examples"] == [900, 901]
+    assert result["chance"]["test"]["R@1"] == 1 / 18
+    assert "image_alignment" in json.loads((run / "metrics.json").read_text())
+
+
+def test_missing_embeddings_file_gives_text_only_and_the_export_command(world, tmp_path,
+                                                                         capsys):
+    run = copy_run(world, "good_views", tmp_path)
+    before = (run / "metrics.json").read_bytes()
+    for extra in ([], ["--embeddings", tmp_path / "absent.npz"]):
+        summary = cli("--run", run, *extra)                     # returns: exit status 0
+        out = capsys.readouterr().out
+        assert "image alignment not computed" in out
+        assert "python -m minialign export --captions" in out
+        assert "--model facebook/dinov2-base" in out and "embeddings/README.md" in out
+        assert "para R@1" in out and "good_views" in out
+        assert summary["embeddings"] is None and "mutual_knn" not in summary["runs"][0]
+    assert str(tmp_path / "absent.npz") in out                  # named as the --out to create
+    assert (run / "metrics.json").read_bytes() == before        # nothing written
+
+
+def test_json_summary(world, tmp_path, capsys):
+    run = copy_run(world, "good_views", tmp_path)
+    cli("--run", run, "--embeddings", world["embeddings"], "--json")
+    summary = json.loads(capsys.readouterr().out)
+    (row,) = summary["runs"]
+    assert row["step"] == STEPS and row["R@1_chance"] == 1 / N_SPLIT
+    assert 0 <= row["mutual_knn"] <= 1 and summary["note"] is None
+
+
+def test_corrupt_embeddings_file_is_an_error_naming_it(world, tmp_path):
+    bad = tmp_path / "corrupt.npz"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="corrupt.npz"):
+        cli("--run", world["runs"]["good_views"], "--embeddings", bad)
+
+
+def test_not_a_run_directory_is_an_error_naming_it(tmp_path):
+    for name in ("empty", "no_captions"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "no_captions" / "config.json").write_text("{}")
+    for name in ("empty", "no_captions", "absent"):
+        with pytest.raises(ValueError, match=f"{name}: not a run directory"):
+            cli("--run", tmp_path / name)
+
+
+def test_embeddings_of_other_photos_are_an_error(world, tmp_path):
+    run = copy_run(world, "good_views", tmp_path)
+    other = fake_embeddings(tmp_path / "other.npz", np.arange(10**7, 10**7 + 50), dim=64)
+    with pytest.raises(ValueError, match="other.npz: none of the"):
+        cli("--run", run, "--embeddings", other)
+    assert "image_alignment" not in json.loads((run / "metrics.json").read_text())
+    narrow = fake_embeddings(tmp_path / "narrow.npz", np.arange(1, 50), dim=TINY.d_model - 1)
+    with pytest.raises(ValueError, match="narrow.npz: image embeddings are 31-d"):
+        cli("--run", run, "--embeddings", narrow)
+
+
+def minialign_imports(module):
+    """(minialign modules, other top-level packages) that minialign/<module>.py imports
+    anywhere in the file, function bodies included. Parsed, not executed."""
+    ours, others = set(), set()
+    for node in ast.walk(ast.parse((PKG / f"{module}.py").read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):                  # relative: inside minialign
+            names = [f"minialign.{node.module}" if node.module else "minialign"]
+            names += [f"{names[0]}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "minialign":
+                others.add(parts[0])
+            elif len(parts) > 1 and (PKG / f"{parts[1]}.py").exists():
+                ours.add(parts[1])
+    return ours, others
+
+
+def test_training_never_imports_image_embeddings():
+    seen, todo, others = set(), ["__init__", "train"], set()
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            ours, theirs = minialign_imports(module)
+            todo += sorted(ours)
+            others |= theirs
+    assert {"data", "metrics", "model", "tokenizer"} <= seen     # the parser follows imports
+    assert not seen & IMAGE_ONLY_MODULES, f"train.py reaches {sorted(seen & IMAGE_ONLY_MODULES)}"
+    assert not others & {"torch", "transformers"}
+    # and the same at run time, in a fresh interpreter
+    code = ("import sys, minialign.train; "
+            "print(sorted(m for m in sys.modules if m.split('.')[-1] in %r "
+            "or m.split('.')[0] in ('torch', 'transformers')))" % (IMAGE_ONLY_MODULES,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_command_line_exit_codes(world, tmp_path, capsys):
+    from minialign.__main__ import main
+    if "evaluate" not in inspect.getsource(main):
+        pytest.skip("`evaluate` is not registered in minialign/__main__.py yet")
+    run = copy_run(world, "good_views", tmp_path)
+    assert main(["evaluate", "--run", str(run)]) == 0                       # text only
+    assert main(["evaluate", "--run", str(run), "--embeddings", str(world["embeddings"])]) == 0
+    assert main(["evaluate", "--run", str(tmp_path)]) == 2                  # not a run
+    assert f"{tmp_path}: not a run directory" in capsys.readouterr().err
