@@ -4,7 +4,7 @@ import sys
 
 
 def main(argv=None):
-    from . import bench, train
+    from . import bench, evaluate, replicate, report, synthetic, train
     parser = argparse.ArgumentParser(
         prog="python -m minialign",
         description="Good views vs next-token prediction for text-image alignment, in NumPy.")
@@ -20,6 +20,14 @@ def main(argv=None):
             train.add_train_args, train.run_train)
     command("bench", "time training steps of each objective against numpy's GEMM peak",
             bench.add_bench_args, bench.run_bench)
+    command("synthetic", "write a small SYNTHETIC world (COCO-format captions + embeddings .npz)",
+            synthetic.add_synthetic_args, synthetic.run_synthetic)
+    command("evaluate", "score saved runs: text-side metrics, and image alignment given --embeddings",
+            evaluate.add_evaluate_args, evaluate.run_evaluate)
+    command("replicate", "the replication grid: objectives x seeds, lr search, results table",
+            replicate.add_replicate_args, replicate.run_replicate)
+    command("report", "rebuild results.md and the figures from saved runs",
+            report.add_report_args, report.run_report)
     try:
         from . import export
         command("export", "one-time: COCO images -> frozen DINOv2 embeddings (.npz); "
@@ -29,7 +37,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         commands[args.command](args)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,7 +1,8 @@
 """Speed of one training step of each objective, against numpy's own float32 GEMM peak.
 
-`python -m minialign bench` runs each objective in a fresh child process (so that each one's
-peak memory, the process-wide ru_maxrss, is its own), and each child:
+`python -m minialign bench` runs each objective in a fresh child process,
+`python -m minialign.bench --only NAME --json` (so that each one's peak memory, the
+process-wide ru_maxrss, is its own), and each child:
   1. builds batches the way training does (train.prepare, data.sample_batch: 256 photos, two
      captions each, 512 captions), or with --fixed-length T 512 captions of exactly T word ids;
   2. times numpy float32 matmuls of the model's shapes: the best GFLOP/s is `peak_gflops`;
@@ -10,6 +11,7 @@ peak memory, the process-wide ru_maxrss, is its own), and each child:
      FLOPs (step_flops, counted from the batch's token counts), GFLOP/s and the fraction of peak.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
+import argparse
 import dataclasses
 import json
 import os
@@ -186,8 +188,10 @@ def child_env(unset_openblas_env):
 
 
 def run_child(name, args, env):
-    """Run `python -m minialign bench --only name --json ...` and return its JSON dict."""
-    argv = [sys.executable, "-m", "minialign", "bench", "--only", name, "--json",
+    """Run `python -m minialign.bench --only name --json ...` (this module's own entry point,
+    so a child imports only what a training step needs) and return its JSON dict.
+    Raises ValueError if the child fails; its own error message is on stderr above."""
+    argv = [sys.executable, "-m", "minialign.bench", "--only", name, "--json",
             "--captions", str(Path(args.captions).resolve()), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--seed", str(args.seed),
             "--batch-photos", str(args.batch_photos), "--fixed-length", str(args.fixed_length),
@@ -196,7 +200,7 @@ def run_child(name, args, env):
             "--gemm-rows", str(args.gemm_rows), "--gemm-square", str(args.gemm_square)]
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True)  # stderr passes through
     if done.returncode != 0:
-        raise RuntimeError(f"bench child for {name} exited with code {done.returncode}")
+        raise ValueError(f"the {name} benchmark process failed (exit code {done.returncode})")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -212,7 +216,7 @@ def print_header(args, info):
           f"{args.steps} timed steps of objective + clip + AdamW, one child process each")
     env = ", ".join(f"{k}={info[k.lower()] if info[k.lower()] is not None else 'unset'}"
                     for k in OPENBLAS_ENV)
-    print(f"BLAS: {info['blas']} {info['blas_version']}, {info['threads']} threads, {env}"
+    print(f"BLAS: {info['blas']} {info['blas_version']}, threads: {info['threads']}, {env}"
           + (" (removed for the children)" if args.unset_openblas_env else ""))
     print("FLOPs: matmuls only, per-token layers on real tokens (minialign.bench.step_flops)")
     print(ROW.format("objective", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
@@ -232,6 +236,9 @@ def run_bench(args):
     if not Path(args.captions).is_file():
         raise FileNotFoundError(f"{args.captions}: no such file (COCO captions JSON; pass "
                                 "--captions)")
+    if not 0 <= args.fixed_length <= ModelConfig().max_len:
+        raise ValueError(f"--fixed-length must be in [1, {ModelConfig().max_len}] "
+                         f"(or 0 for COCO batches), got {args.fixed_length}")
     if args.only:
         result = bench_one(args.only, args)
         if args.json:
@@ -277,3 +284,21 @@ def add_bench_args(p):
     p.add_argument("--gemm-rows", type=int, default=GEMM_ROWS, help="rows of the peak GEMMs")
     p.add_argument("--gemm-square", type=int, default=GEMM_SQUARE,
                    help="size of the square peak GEMM")
+
+
+def main(argv=None):
+    """`python -m minialign.bench`: the same options as `python -m minialign bench`; the
+    parent runs each child this way."""
+    parser = argparse.ArgumentParser(prog="python -m minialign.bench", description=__doc__)
+    add_bench_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        run_bench(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"minialign bench: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -206,8 +206,10 @@ def mha_backward(dy, cache):
     da, dw_o, db_o = linear_backward(dy, c_o)                             # (n, D)
     da = unpack(da, real, B, T).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B, H, T, Dh)
     dq, dk, dv = softmax_attention_backward(da, c_att)                    # 3 x (B, H, T, Dh)
-    dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * D)  # (B, T, 3D)
-    dx, dw_qkv, db_qkv = linear_backward(pack(dqkv, real), c_qkv)         # (n, D)
+    dqkv = np.empty((B, T, 3, H, Dh), dtype=dy.dtype)                     # forward's qkv layout
+    for j, d in enumerate((dq, dk, dv)):
+        dqkv[:, :, j] = d.transpose(0, 2, 1, 3)                           # (B, T, H, Dh)
+    dx, dw_qkv, db_qkv = linear_backward(pack(dqkv.reshape(B, T, 3 * D), real), c_qkv)  # (n, D)
     return dx, dw_qkv, db_qkv, dw_o, db_o
 
 

@@ -2,11 +2,13 @@
 two different captions each), encodes 2B captions, and differs only in how the pair (or the
 target) is built:
 
-    good_views  the pair is two different human captions of one photo          (lines marked 1)
-    bad_views   the pair is one caption, its words masked twice independently  (lines marked 1)
-    next_token  the target is each caption's next word, read causally          (lines marked 1-2)
+    good_views  the pair is two different human captions of one photo
+    bad_views   the pair is one caption, its words masked twice independently
+    next_token  the target is each caption's next word, read causally; the two captions of a
+                photo get only VICReg's anti-collapse terms (variance, covariance)
 
-Shared steps sit on the same lines in the same order. Signature:
+Shared steps sit on the same lines in the same order; every line that differs from good_views
+ends in `# <-`. Signature:
     objective(params, batch, cfg, rng) -> (loss, grads, stats)
 batch: data.Batch with tokens_a, tokens_b (B, T) int32; cfg: train.TrainConfig (uses cfg.model,
 cfg.mask_rate, the VICReg weights and cfg.anticollapse_weight); rng: numpy Generator (only
@@ -21,7 +23,7 @@ from .tokenizer import MASK, PAD, SPECIALS
 
 def good_views(params, batch, cfg, rng):
     """Two different human captions of the same photo are the two views -> VICReg."""
-    tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # 1 (2B, T) caption a | b
+    tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
@@ -32,8 +34,8 @@ def good_views(params, batch, cfg, rng):
 
 def bad_views(params, batch, cfg, rng):
     """One caption per photo, its words masked twice independently, is the pair -> VICReg."""
-    tokens = np.concatenate([mask_words(batch.tokens_a, cfg.mask_rate, rng),   # 1 (2B, T)
-                             mask_words(batch.tokens_a, cfg.mask_rate, rng)])  # 1 masking a | b
+    tokens = np.concatenate([mask_words(batch.tokens_a, cfg.mask_rate, rng),   # <- (2B, T)
+                             mask_words(batch.tokens_a, cfg.mask_rate, rng)])  # <- a masked twice
     B = len(batch.tokens_a)
     z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
@@ -45,15 +47,15 @@ def bad_views(params, batch, cfg, rng):
 def next_token(params, batch, cfg, rng):
     """Each caption predicts its own next word under causal attention (cross-entropy), plus the
     same VICReg variance + covariance terms on the two captions of each photo (no invariance)."""
-    tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # 1 (2B, T) caption a | b
+    tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=True)          # 2 (2B, D), (n, D)
-    w = cfg.anticollapse_weight
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0, w * cfg.var_weight,
+    z, h, cache = encode(params, tokens, cfg.model, causal=True)          # <- (2B, D), (n, D)
+    w = cfg.anticollapse_weight                                           # <- no invariance term:
+    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0, w * cfg.var_weight,  # <-
                                             w * cfg.cov_weight)
-    dh, ce_loss, ce_stats, dtok_emb = _next_token_head(params["tok_emb"], h, tokens)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), dh, cache, params, cfg.model)
-    grads["tok_emb"] += dtok_emb                                          # the head is tied
+    dh, ce_loss, ce_stats, dtok_emb = _next_token_head(params["tok_emb"], h, tokens)  # <-
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), dh, cache, params, cfg.model)  # <-
+    grads["tok_emb"] += dtok_emb                                          # <- the head is tied
     stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)
     return loss + ce_loss, grads, stats
 

@@ -10,7 +10,6 @@ caption meaning and image geometry are related the way the real experiment assum
 
     python -m minialign.synthetic OUT_DIR [--n-scenes 2000] [--seed 0] [--force]
 """
-import argparse
 import hashlib
 import json
 import os
@@ -265,16 +264,14 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     return paths
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Write a SYNTHETIC minialign world (not COCO).")
-    parser.add_argument("out_dir")
-    parser.add_argument("--n-scenes", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
+def add_synthetic_args(parser):
+    """Options of `python -m minialign synthetic`."""
+    parser.add_argument("--out", required=True, help="directory for the two SYNTHETIC files")
+    parser.add_argument("--n-scenes", type=int, default=2000, help="scenes (photos) to write")
+    parser.add_argument("--seed", type=int, default=0, help="scene and caption seed")
     parser.add_argument("--force", action="store_true", help="overwrite existing files")
-    args = parser.parse_args(argv)
-    for path in write_world(args.out_dir, args.n_scenes, args.seed, args.force):
-        print(path)
 
 
-if __name__ == "__main__":
-    main()
+def run_synthetic(args):
+    for path in write_world(args.out, args.n_scenes, args.seed, args.force):
+        print(f"wrote {path} (SYNTHETIC minialign world, not COCO)")

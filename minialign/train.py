@@ -5,6 +5,13 @@ tokenizer), metrics.json (text-side metrics per evaluation step) and captions/ (
 embeddings of the val and test photos at every evaluation, and of the train photos at the
 end, float16), which `python -m minialign evaluate` scores against image embeddings later.
 Training never reads image embeddings: this module does not import the modules that load them.
+
+Stopping and resuming: at every evaluation step and at the last step the run writes
+checkpoint.npz (weights, Adam moments and step count, the data and mask generators' states,
+the step, and the length of log.jsonl), under a temporary name and then renamed. With
+resume=True a restarted run truncates log.jsonl and metrics.json back to that step and
+continues; it ends bit-identical to a run that was never stopped (log.jsonl holds no clock
+times, so it is identical byte for byte; the times are in metrics.json).
 """
 import ctypes
 import dataclasses
@@ -30,6 +37,7 @@ from .tokenizer import build_tokenizer, tokenizer_to_arrays
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
+CHECKPOINT = "checkpoint.npz"  # the run's full state at its last evaluation step
 
 
 @dataclass(frozen=True)
@@ -153,22 +161,111 @@ def prepare_out_dir(out, force):
     if out.exists() and any(out.iterdir()):
         if not force:
             raise FileExistsError(f"{out}: directory exists and is not empty "
-                                  "(pass --force to replace it)")
+                                  "(pass --force to replace it, or --resume to continue it)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-def train(cfg, out, force=False, progress=None):
+def config_differences(saved, cfg):
+    """Fields where a saved config.json["config"] differs from cfg, as "name: saved -> now"
+    strings. model.vocab_size is skipped: training derives it from the captions."""
+    now = json.loads(json.dumps(dataclasses.asdict(cfg)))      # tuples -> lists, as saved
+    saved = {**saved, "model": {k: v for k, v in saved.get("model", {}).items()
+                                if k != "vocab_size"}}
+    now["model"].pop("vocab_size")
+    return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)]
+
+
+def run_state(out, cfg):
+    """What a resumed `train` finds in `out`: "new" (absent or empty), "finished" (metrics.json
+    has "final"), "checkpoint" (checkpoint.npz to continue from) or "restart" (a run of this
+    config stopped before its first checkpoint). Raises ValueError naming `out` when its
+    config.json describes another run, FileExistsError when `out` is not a run directory."""
+    out = Path(out)
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return "new"
+    if not (out / "config.json").is_file():
+        raise FileExistsError(f"{out}: not empty and holds no config.json, so it is not a "
+                              "run directory to resume")
+    diff = config_differences(json.loads((out / "config.json").read_text())["config"], cfg)
+    if diff:
+        raise ValueError(f"{out}: holds a run of another config, so it cannot be resumed "
+                         f"({'; '.join(diff)}); pick another directory or pass --force")
+    metrics = out / "metrics.json"
+    if metrics.is_file() and "final" in json.loads(metrics.read_text()):
+        return "finished"
+    return "checkpoint" if (out / CHECKPOINT).is_file() else "restart"
+
+
+def save_checkpoint(path, step, params, state, rngs, log_bytes, seconds):
+    """Everything a resumed run needs to continue bit-identically, in one .npz written under
+    a temporary name and renamed: params/<name>, adam_m/<name>, adam_v/<name> (float32), and
+    "state", a 0-d string of JSON: step, Adam's t, bit_generator.state of each generator in
+    rngs {"data", "mask"}, log_bytes (length of log.jsonl at `step`), seconds trained so far."""
+    meta = {"step": step, "adam_t": state["t"], "log_bytes": log_bytes, "seconds": seconds,
+            "rng": {name: rng.bit_generator.state for name, rng in rngs.items()}}
+    arrays = {**{f"params/{k}": v for k, v in params.items()},
+              **{f"adam_m/{k}": v for k, v in state["m"].items()},
+              **{f"adam_v/{k}": v for k, v in state["v"].items()},
+              "state": np.array(json.dumps(meta))}
+    atomic_savez(path, arrays)
+
+
+def load_checkpoint(path, params, state, rngs):
+    """Restore a save_checkpoint file into params, state and rngs (in place).
+    Returns the JSON "state" dict (step, adam_t, log_bytes, seconds, rng)."""
+    with np.load(path, allow_pickle=False) as npz:
+        for prefix, target in (("params/", params), ("adam_m/", state["m"]),
+                               ("adam_v/", state["v"])):
+            for k in target:
+                target[k][...] = npz[prefix + k]
+        meta = json.loads(str(npz["state"]))
+    state["t"] = meta["adam_t"]
+    for name, rng in rngs.items():
+        rng.bit_generator.state = meta["rng"][name]
+    return meta
+
+
+def rewind_run_dir(out, meta, steps):
+    """Undo what a stopped run wrote after its checkpoint step: cut log.jsonl back to
+    meta["log_bytes"], drop later evaluations from metrics.json and later caption files.
+    The last step's checkpoint comes before its evaluation, so that evaluation goes too
+    (steps: the run's total). Returns the kept metrics dict."""
+    step = meta["step"]
+    with open(out / "log.jsonl", "r+b") as log:
+        if log.seek(0, os.SEEK_END) < meta["log_bytes"]:
+            raise ValueError(f"{out}: log.jsonl is shorter than its checkpoint at step {step}")
+        log.truncate(meta["log_bytes"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["evals"] = [e for e in metrics["evals"] if e["step"] <= step and e["step"] < steps]
+    atomic_write_json(out / "metrics.json", metrics)
+    for path in (out / "captions").glob("*_step*.npz"):
+        if int(path.stem.rsplit("_step", 1)[1]) > step:
+            path.unlink()
+    return metrics
+
+
+def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     """Run one training run and write the run directory `out`. Returns the final metrics dict.
     progress: True for a tqdm bar, False for plain lines, None to pick by whether stderr is a
-    terminal. Raises FileNotFoundError / ValueError for bad captions, FileExistsError for a
-    non-empty `out` without force."""
+    terminal. resume: continue `out` from its checkpoint (run_state), or return its saved
+    metrics if it already finished. stop_after: return None after this many steps, as if the
+    process had been killed there (for tests of resuming). Raises FileNotFoundError /
+    ValueError for bad captions, FileExistsError for a non-empty `out` without force or
+    resume, ValueError for resuming a directory that holds another config."""
+    if force and resume:
+        raise ValueError("pass force (start over) or resume (continue), not both")
+    found = run_state(out, cfg) if resume else "new"
+    if found == "finished":
+        print(f"[{cfg.objective}] {out}: already finished, skipped", flush=True)
+        return json.loads((Path(out) / "metrics.json").read_text())
     data = prepare(cfg)                          # bad input fails here, before `out` is touched
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
-    out = prepare_out_dir(out, force)
-    (out / "captions").mkdir()
+    out = Path(out) if found == "checkpoint" else prepare_out_dir(out, force or found == "restart")
+    (out / "captions").mkdir(exist_ok=True)
     keep_freed_memory()
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
@@ -181,7 +278,17 @@ def train(cfg, out, force=False, progress=None):
             "captions_truncated": data["n_truncated"],
             "photos": {k: len(v) for k, v in data["split"].items()},
             "caption_stats": data["captions"].stats}
-    atomic_write_json(out / "config.json", {"config": dataclasses.asdict(cfg), "info": info})
+    if found == "checkpoint":
+        meta = load_checkpoint(out / CHECKPOINT, params, state,
+                               {"data": rng_data, "mask": rng_mask})
+        metrics = rewind_run_dir(out, meta, cfg.steps)
+        first_step, seconds_before = meta["step"], meta["seconds"]
+        print(f"[{cfg.objective}] {out}: resuming from the checkpoint at step {first_step}",
+              flush=True)
+    else:
+        atomic_write_json(out / "config.json", {"config": dataclasses.asdict(cfg), "info": info})
+        metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
+        first_step, seconds_before = 0, 0.0
     print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
           f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
           f"{info['photos']}, {info['captions_truncated']} captions truncated to "
@@ -200,12 +307,15 @@ def train(cfg, out, force=False, progress=None):
         atomic_write_json(out / "metrics.json", metrics)
         return entry
 
-    metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
     use_bar = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=cfg.steps, desc=cfg.objective, disable=not use_bar, dynamic_ncols=True)
-    t_start = time.perf_counter()
-    with open(out / "log.jsonl", "w") as log:
-        for step in range(cfg.steps):
+    bar = tqdm(total=cfg.steps, initial=first_step, desc=cfg.objective, disable=not use_bar,
+               dynamic_ncols=True)
+    t_start = time.perf_counter() - seconds_before
+    with open(out / "log.jsonl", "ab") as log:   # bytes: tell() is the length to cut back to
+        for step in range(first_step, cfg.steps):
+            if stop_after is not None and step >= stop_after:
+                bar.close()
+                return None
             t0 = time.perf_counter()
             lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
             batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
@@ -214,22 +324,26 @@ def train(cfg, out, force=False, progress=None):
                 raise FloatingPointError(f"[{cfg.objective}] loss is {loss} at step {step}")
             grad_norm = clip_grad_norm(grads, cfg.grad_clip)
             adam_step(params, grads, state, lr, cfg.weight_decay)
-            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
-                   "seconds": time.perf_counter() - t0}
-            log.write(json.dumps(row) + "\n")
+            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm}
+            log.write((json.dumps(row) + "\n").encode())
             log.flush()
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.update(1)
-            if not use_bar and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == 0):
-                elapsed = time.perf_counter() - t_start
-                eta = elapsed / (step + 1) * (cfg.steps - step - 1)
+            if not use_bar and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == first_step):
+                done = step + 1 - first_step
+                elapsed = time.perf_counter() - t_start - seconds_before
+                eta = elapsed / done * (cfg.steps - step - 1)
                 print(f"[{cfg.objective}] step {step + 1}/{cfg.steps} loss {loss:.4f} "
-                      f"lr {lr:.2e} {1000 * elapsed / (step + 1):.0f} ms/step "
+                      f"lr {lr:.2e} {1000 * elapsed / done:.0f} ms/step "
                       f"eta {eta / 60:.1f} min", flush=True)
             if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 entry = evaluate(step + 1, final=False)
                 bar.write(f"[{cfg.objective}] step {step + 1} val paraphrase R@1 "
                           f"{entry['val']['paraphrase_R@1']:.3f}", file=sys.stdout)
+            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+                save_checkpoint(out / CHECKPOINT, step + 1, params, state,
+                                {"data": rng_data, "mask": rng_mask}, log.tell(),
+                                time.perf_counter() - t_start)
     bar.close()
     atomic_savez(out / "model.npz", {**params, **tokenizer_to_arrays(data["tokenizer"])})
     final = evaluate(cfg.steps, final=True)
@@ -250,6 +364,8 @@ def add_train_args(p):
     p.add_argument("--captions", required=True, help="COCO captions JSON (COCO's own format)")
     p.add_argument("--out", required=True, help="run directory to create (must be new or empty)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue --out from its last checkpoint (skip it if finished)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="init/batch/mask seed (default %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default %(default)s)")
@@ -277,4 +393,4 @@ def run_train(args):
                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                       mask_rate=args.mask_rate, anticollapse_weight=args.anticollapse_weight,
                       eval_every=args.eval_every, split_seed=args.split_seed, model=model)
-    train(cfg, args.out, force=args.force)
+    train(cfg, args.out, force=args.force, resume=args.resume)

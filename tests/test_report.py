@@ -1,0 +1,106 @@
+"""Tests of report.py: results.md rebuilt from saved runs alone, the figures, "pending".
+
+A tiny grid (good_views and next_token x seeds 0, 1, 6 steps, D = 16, lr search 1e-3 .. 1e-2
+without extensions) on a 300-scene SYNTHETIC world is trained text-only, as with
+IMAGE_EVAL=off; the image columns are filled in later by evaluate, without retraining.
+"""
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from minialign import evaluate, replicate, report, synthetic, train
+from minialign.embeddings import load_embeddings
+from minialign.model import ModelConfig
+
+TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
+OUTPUTS = ("results.md", "results.json") + report.FIGURES
+
+
+@pytest.fixture(scope="module")
+def text_only(tmp_path_factory):
+    """A grid directory trained without image evaluation, and the world's embeddings path."""
+    root = tmp_path_factory.mktemp("report")
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    base = train.TrainConfig(captions=str(captions), steps=6, batch_photos=16, eval_every=3,
+                             warmup_steps=2, lr=1e-3, model=TINY)
+    protocol = replicate.Protocol(base=base, objectives=("good_views", "next_token"),
+                                  seeds=(0, 1), lr_min=1e-3, lr_max=1e-2, lr_per_decade=1,
+                                  max_extensions=0)
+    replicate.replicate(protocol, root / "grid", None, progress=False)
+    return {"out": root / "grid", "embeddings": embeddings}
+
+
+def cli(out):
+    parser = argparse.ArgumentParser()
+    report.add_report_args(parser)
+    return report.run_report(parser.parse_args([str(out)]))
+
+
+def outputs(out):
+    return {name: (out / name).read_bytes() for name in OUTPUTS}
+
+
+def test_pending_without_image_alignment(text_only, tmp_path, capsys):
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    results = cli(out)
+    printed = capsys.readouterr().out
+    md = (out / "results.md").read_text()
+    assert results["image"] is False and results["metric"] == "paraphrase_R@1"
+    for obj in ("good_views", "next_token"):
+        row = next(l for l in md.splitlines() if l.startswith(f"| {obj} |"))
+        assert row.count("pending") == 4                     # mkNN and R@1: mean, per seed
+        para = results["objectives"][obj]["paraphrase_R@1"]
+        assert f"{para['mean']:.3f} ± {para['std']:.3f}" in row
+        lr_row = next(l for l in md.splitlines() if l.startswith(f"| {obj}, lr search ("))
+        assert lr_row.count("pending") == 2
+    assert "Image alignment pending: 0 of 6 finished runs" in md
+    assert "selected on final val paraphrase R@1" in md
+    assert "| good_views |" in printed and "results.md" in printed
+    for name in report.FIGURES:
+        assert Image.open(out / name).size == report.FIG_SIZE
+
+
+def test_evaluate_later_fills_in_the_image_columns(text_only, tmp_path):
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    before = {p: p.read_bytes() for p in (out / "runs").rglob("*.npz")}
+    emb = load_embeddings(text_only["embeddings"])
+    for run in sorted((out / "runs").iterdir()):      # what `python -m minialign evaluate` does
+        evaluate.evaluate_run(run, emb)
+    results = report.build_report(out)
+    md = (out / "results.md").read_text()
+    assert results["image"] is True and "pending" not in md
+    assert results["metric"] == "mutual_knn" and "selected on final val mutual-kNN@10" in md
+    mk = results["objectives"]["good_views"]["mutual_knn"]
+    assert f"{mk['mean']:.3f} ± {mk['std']:.3f}" in md
+    assert "compare the ordering of the objectives, not the values" in md   # synthetic world
+    assert {p: p.read_bytes() for p in (out / "runs").rglob("*.npz")} == before  # no retraining
+
+
+def test_report_rebuilds_identical_results_from_saved_runs(text_only, tmp_path):
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    report.build_report(out)
+    first = outputs(out)
+    for name in OUTPUTS:
+        (out / name).unlink()
+    report.build_report(out)
+    assert outputs(out) == first                             # byte for byte, PNGs included
+    assert json.loads(first["results.json"])["finished_runs"] == 6
+
+
+def test_figures_have_the_expected_size_and_are_not_blank(text_only, tmp_path):
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    report.build_report(out)
+    for name in report.FIGURES:
+        img = Image.open(out / name)
+        assert img.format == "PNG" and img.size == report.FIG_SIZE == (1600, 900)
+        colours = img.convert("RGB").getcolors(maxcolors=1 << 16)
+        assert colours is None or len(colours) > 20, name     # text, lines and bars drawn
+
+
+def test_report_of_a_directory_without_protocol_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="protocol.json"):
+        cli(tmp_path)

@@ -1,0 +1,120 @@
+"""Tests of stopping and resuming train.train: a run stopped after k steps and resumed ends
+bit-identical to one never stopped; a finished run is skipped; another config is an error.
+
+Tiny runs (1 block, D = 16, 16 photos per step, 8 steps, checkpoints at 3, 6 and 8) on a
+300-scene SYNTHETIC world. bad_views draws from both the data and the mask generators.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minialign import synthetic, train
+from minialign.model import ModelConfig
+
+TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
+STEPS, EVAL_EVERY = 8, 3
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The captions file, and one uninterrupted bad_views run to compare against."""
+    root = tmp_path_factory.mktemp("world")
+    captions, _ = synthetic.write_world(root, n_scenes=300, seed=0)
+    cfg = config(captions)
+    train.train(cfg, root / "whole", progress=False)
+    return {"captions": captions, "whole": root / "whole"}
+
+
+def config(captions, **changes):
+    fields = dict(objective="bad_views", captions=str(captions), steps=STEPS, batch_photos=16,
+                  eval_every=EVAL_EVERY, warmup_steps=2, model=TINY)
+    return train.TrainConfig(**{**fields, **changes})
+
+
+def arrays(path):
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+def assert_same_run(a, b):
+    """Same final weights, Adam moments, generator states, log bytes and saved evaluations."""
+    ckpt_a, ckpt_b = arrays(a / train.CHECKPOINT), arrays(b / train.CHECKPOINT)
+    assert sorted(ckpt_a) == sorted(ckpt_b)
+    for name in ckpt_a:
+        if name != "state":
+            assert ckpt_a[name].tobytes() == ckpt_b[name].tobytes(), name
+    state_a, state_b = (json.loads(str(c["state"])) for c in (ckpt_a, ckpt_b))
+    for key in ("step", "adam_t", "rng", "log_bytes"):
+        assert state_a[key] == state_b[key], key
+    assert (a / "log.jsonl").read_bytes() == (b / "log.jsonl").read_bytes()
+    model_a, model_b = arrays(a / "model.npz"), arrays(b / "model.npz")
+    assert all(model_a[k].tobytes() == model_b[k].tobytes() for k in model_a)
+    metrics_a, metrics_b = (json.loads((r / "metrics.json").read_text()) for r in (a, b))
+    assert metrics_a["evals"] == metrics_b["evals"] and metrics_a["final"] == metrics_b["final"]
+    names_a = sorted(p.name for p in (a / "captions").iterdir())
+    assert names_a == sorted(p.name for p in (b / "captions").iterdir())
+    for name in names_a:
+        saved_a, saved_b = arrays(a / "captions" / name), arrays(b / "captions" / name)
+        assert all(saved_a[k].tobytes() == saved_b[k].tobytes() for k in saved_a), name
+
+
+@pytest.mark.parametrize("stop_after", [5, 6])   # between checkpoints, and right on one
+def test_stopped_and_resumed_run_is_bit_identical(world, tmp_path, stop_after):
+    cfg, run = config(world["captions"]), tmp_path / "run"
+    assert train.train(cfg, run, progress=False, stop_after=stop_after) is None
+    log = (run / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == list(range(1, stop_after + 1))
+    assert "final" not in json.loads((run / "metrics.json").read_text())
+    train.train(cfg, run, progress=False, resume=True)
+    steps = [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))                 # no step twice
+    assert_same_run(world["whole"], run)
+
+
+def test_stopped_twice_before_and_after_a_checkpoint(world, tmp_path):
+    cfg, run = config(world["captions"]), tmp_path / "run"
+    train.train(cfg, run, progress=False, stop_after=2)       # before the first checkpoint
+    assert not (run / train.CHECKPOINT).exists()
+    assert train.run_state(run, cfg) == "restart"
+    train.train(cfg, run, progress=False, resume=True, stop_after=7)
+    train.train(cfg, run, progress=False, resume=True)
+    assert_same_run(world["whole"], run)
+
+
+def test_resumed_during_final_evaluation(world, tmp_path):
+    """Killed after the last step's checkpoint but before "final": one final evaluation."""
+    cfg, run = config(world["captions"]), Path(shutil.copytree(world["whole"], tmp_path / "r"))
+    metrics = json.loads((run / "metrics.json").read_text())
+    del metrics["final"]                                       # the final eval entry is kept
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert train.run_state(run, cfg) == "checkpoint"
+    train.train(cfg, run, progress=False, resume=True)
+    assert_same_run(world["whole"], run)
+    evals = json.loads((run / "metrics.json").read_text())["evals"]
+    assert [e["step"] for e in evals] == [3, 6, 8]
+
+
+def test_finished_run_is_skipped(world, tmp_path, capsys):
+    cfg, run = config(world["captions"]), Path(shutil.copytree(world["whole"], tmp_path / "r"))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    metrics = train.train(cfg, run, progress=False, resume=True)
+    assert "already finished" in capsys.readouterr().out
+    assert metrics == json.loads((run / "metrics.json").read_text())
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_config_mismatch_is_an_error_naming_the_directory(world, tmp_path):
+    run = Path(shutil.copytree(world["whole"], tmp_path / "r"))
+    with pytest.raises(ValueError, match=rf"{run}.*lr: 0.001 -> 0.002"):
+        train.train(config(world["captions"], lr=2e-3), run, progress=False, resume=True)
+    with pytest.raises(FileExistsError, match="--resume"):  # without resume: refused as before
+        train.train(config(world["captions"]), run, progress=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a run")
+    with pytest.raises(FileExistsError, match="not a run directory"):
+        train.train(config(world["captions"]), tmp_path / "other", progress=False, resume=True)
+    with pytest.raises(ValueError, match="not both"):
+        train.train(config(world["captions"]), run, force=True, resume=True)
