@@ -3,6 +3,16 @@ import argparse
 import sys
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when X says something (not None/False)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if "default" in help or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
+            return help
+        return help + " (default: %(default)s)"
+
+
 def main(argv=None):
     from . import bench, evaluate, replicate, report, synthetic, train
     parser = argparse.ArgumentParser(
@@ -13,7 +23,7 @@ def main(argv=None):
 
     def command(name, help, add_args, run):
         add_args(sub.add_parser(name, help=help, description=help,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+                                formatter_class=DefaultsFormatter))
         commands[name] = run
 
     command("train", "train a text encoder with one objective on COCO captions",
