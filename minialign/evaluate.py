@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import atomic_write_json
 from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
 from .metrics import DEFAULT_KS, MUTUAL_KNN_K, mutual_knn, procrustes_recall, slot_metrics
-from .train import atomic_write_json, text_metrics
+from .train import text_metrics
 
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10

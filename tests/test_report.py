@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from minialign import evaluate, replicate, report, synthetic, train
+from minialign import evaluate, figures, replicate, report, synthetic, train
 from minialign.embeddings import load_embeddings
 from minialign.model import ModelConfig
 
@@ -61,7 +61,7 @@ def test_pending_without_image_alignment(text_only, tmp_path, capsys):
     assert "selected on final val paraphrase R@1" in md
     assert "| good_views |" in printed and "results.md" in printed
     for name in report.FIGURES:
-        assert Image.open(out / name).size == report.FIG_SIZE
+        assert Image.open(out / name).size == figures.FIG_SIZE
 
 
 def test_evaluate_later_fills_in_the_image_columns(text_only, tmp_path):
@@ -96,7 +96,7 @@ def test_figures_have_the_expected_size_and_are_not_blank(text_only, tmp_path):
     report.build_report(out)
     for name in report.FIGURES:
         img = Image.open(out / name)
-        assert img.format == "PNG" and img.size == report.FIG_SIZE == (1600, 900)
+        assert img.format == "PNG" and img.size == figures.FIG_SIZE == (1600, 900)
         colours = img.convert("RGB").getcolors(maxcolors=1 << 16)
         assert colours is None or len(colours) > 20, name     # text, lines and bars drawn
 
