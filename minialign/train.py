@@ -211,7 +211,8 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
                 raise FloatingPointError(f"[{cfg.objective}] loss is {loss} at step {step}")
             grad_norm = clip_grad_norm(grads, cfg.grad_clip)
             adam_step(params, grads, state, lr, cfg.weight_decay)
-            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm}
+            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
+                   "seconds": time.perf_counter() - t0}                   # wall time of this step
             log.write((json.dumps(row) + "\n").encode())
             log.flush()
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
