@@ -14,7 +14,8 @@ RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
 install:            ## numpy, pillow, tqdm + pytest
 	$(PY) -m pip install -e '.[test]'
 
-install-export:     ## + torch (CPU) and transformers, for the one-time DINOv2 export only
+install-export:     ## + torch (CPU build, ~190 MB) and transformers, for the one-time DINOv2 export only
+	$(PY) -m pip install torch --index-url https://download.pytorch.org/whl/cpu
 	$(PY) -m pip install -e '.[test,export]'
 
 test:

@@ -47,7 +47,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         commands[args.command](args)
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
+    except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -36,6 +36,9 @@ class Captions:
 
 def _read_coco_json(path: Path) -> dict:
     """Parse the file and check its top level; errors name the file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory; expected the COCO captions JSON file "
+                                "inside it (e.g. captions_val2017.json)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     try:

@@ -22,8 +22,9 @@ caption per train photo, its slot-0 caption, against that photo's image embeddin
 same W maps every test slot: the test rows also hold one caption per photo, and the spread
 over slots then measures caption wording only, not different fits.
 
-Results go into DIR/metrics.json under "image_alignment" (written atomically). Without the
-image file only the text-side metrics are printed, which is not an error.
+Results go into DIR/metrics.json under "image_alignment" (written atomically). Without
+--embeddings only the text-side metrics are printed, which is not an error; an --embeddings
+path that does not exist is an error that names it and the export command that creates it.
 """
 import json
 import re
@@ -48,9 +49,13 @@ EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images <CO
 
 
 def check_run_dir(run_dir):
-    """The run directory as a Path; ValueError naming it unless it holds config.json and a
-    captions/ folder with at least one val_step*.npz."""
+    """The run directory as a Path. Raises FileNotFoundError naming it if it does not exist,
+    ValueError naming it unless it holds config.json and a captions/ folder with at least
+    one val_step*.npz."""
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir}: no such run directory (check the path; "
+                                f"`python -m minialign train --out DIR` writes one)")
     if not (run_dir / "config.json").is_file() or not (run_dir / "captions").is_dir():
         raise ValueError(f"{run_dir}: not a run directory (needs config.json and captions/, "
                          f"as written by `python -m minialign train`)")
@@ -268,14 +273,26 @@ def format_table(rows, image):
     return "\n".join([fmt(header)] + [fmt(line) for line in lines])
 
 
-def missing_embeddings_note(path, captions):
-    """What to say when there is no image embeddings file: why, and the command that makes it."""
-    why = "--embeddings was not given" if path is None else f"{path} does not exist"
-    command = EXPORT_COMMAND.format(captions=captions, out=path or DEFAULT_EMBEDDINGS)
+def how_to_export(path, captions):
+    """The one-time command that creates the image embeddings file `path`, and what to do next."""
+    command = EXPORT_COMMAND.format(captions=captions, out=path)
+    return (f"Create it once (COCO images + the [export] extra; see embeddings/README.md):"
+            f"\n  {command}\nthen rerun with --embeddings {path}.")
+
+
+def missing_embeddings_note(captions):
+    """What to print when --embeddings was omitted: text-side metrics only, not an error."""
     return (f"image alignment not computed: it needs the frozen DINOv2 image embeddings file "
-            f"and {why}. Create it once (COCO images + the [export] extra; see "
-            f"embeddings/README.md):\n  {command}\nthen rerun with --embeddings "
-            f"{path or DEFAULT_EMBEDDINGS}. Shown above: the text-side metrics only.")
+            f"and --embeddings was not given. {how_to_export(DEFAULT_EMBEDDINGS, captions)} "
+            f"Shown above: the text-side metrics only.")
+
+
+def check_embeddings_path(path, captions):
+    """An explicitly given --embeddings must exist: FileNotFoundError naming it, with the
+    export command that creates it, instead of silently falling back to text-only output."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--embeddings {path}: no such file. "
+                                f"{how_to_export(path, captions)}")
 
 
 def add_evaluate_args(p):
@@ -283,23 +300,26 @@ def add_evaluate_args(p):
     p.add_argument("--run", action="append", required=True, metavar="DIR",
                    help="run directory written by `train`; repeat for several runs")
     p.add_argument("--embeddings", default=None, metavar="PATH",
-                   help=f"frozen image embeddings .npz, e.g. {DEFAULT_EMBEDDINGS}; if omitted "
-                        "or absent, only text-side metrics are printed")
+                   help=f"frozen image embeddings .npz, e.g. {DEFAULT_EMBEDDINGS}; if omitted, "
+                        "only text-side metrics are printed; if given, it must exist")
     p.add_argument("--json", action="store_true",
                    help="print a machine-readable JSON summary instead of the table")
 
 
 def run_evaluate(args):
     """Evaluate every --run, store image alignment in each metrics.json, print a summary.
-    Returns the printed summary dict. Raises ValueError for a bad run or a corrupt or
-    mismatched embeddings file; a missing one only limits the output to the text side."""
+    Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
+    --embeddings file that does not exist, ValueError for a bad run or a corrupt or
+    mismatched embeddings file; omitting --embeddings only limits the output to the text side."""
     runs = [check_run_dir(r) for r in args.run]              # bad input fails before any work
+    config = json.loads((runs[0] / "config.json").read_text()).get("config", {})
+    captions = config.get("captions") or "<captions>"       # for the export command we print
     emb = note = None
-    if args.embeddings is not None and Path(args.embeddings).exists():
+    if args.embeddings is not None:
+        check_embeddings_path(args.embeddings, captions)
         emb = load_embeddings(args.embeddings)
     else:
-        captions = json.loads((runs[0] / "config.json").read_text())["config"]["captions"]
-        note = missing_embeddings_note(args.embeddings, captions or "<captions>")
+        note = missing_embeddings_note(captions)
     results = [evaluate_run(r, emb, write=False) for r in runs]
     if emb is not None:                                      # every run scored: now write
         for run_dir, result in zip(runs, results):

@@ -40,6 +40,12 @@ PREPROCESSING_KEYS = ("do_convert_rgb", "do_resize", "size", "resample", "do_cen
 MODEL_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
                      "patch_size", "image_size", "layer_norm_eps")
 NUM_EXAMPLES = 5                        # file names quoted in error messages
+# one install advice, the same here, in tests/test_export.py and in embeddings/README.md
+INSTALL_ADVICE = ("with internet: pip install torch --index-url "
+                  "https://download.pytorch.org/whl/cpu (CPU build, ~190 MB) BEFORE "
+                  "pip install -e '.[export]', which would otherwise pull the multi-GB CUDA "
+                  "build; --device cuda needs a CUDA build of torch instead "
+                  "(embeddings/README.md)")
 
 
 def read_captioned_photos(captions_path):
@@ -139,8 +145,27 @@ def require_export_deps():
         import transformers
     except ImportError as err:
         raise ImportError(f"the export needs torch and transformers ({err}); "
-                          f"pip install -e '.[export]' (embeddings/README.md)") from err
+                          f"{INSTALL_ADVICE}") from err
     return torch, transformers
+
+
+def load_pretrained(transformers, model_name, model=None, processor=None):
+    """(model, processor): those given, else Dinov2Model / AutoImageProcessor.from_pretrained.
+    model_name: a Hugging Face Hub name (downloaded on first use, then cached) or a local
+    folder. Raises FileNotFoundError naming it, chained to from_pretrained's OSError (no
+    internet, unknown name, missing folder), so the command line prints one clear line."""
+    try:
+        if model is None:
+            model = transformers.Dinov2Model.from_pretrained(model_name)
+        if processor is None:
+            processor = transformers.AutoImageProcessor.from_pretrained(model_name)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"cannot load the model {model_name!r}: {err}\nA Hub name such as {DEFAULT_MODEL} "
+            f"is downloaded from the Hugging Face Hub on first use (internet needed once, "
+            f"~350 MB), then read from the local cache; without internet, pass a local folder "
+            f"holding the model and its preprocessor_config.json with --model") from err
+    return model, processor
 
 
 def embed_images(model, processor, images, device):
@@ -164,7 +189,8 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
     Returns the written file loaded back as ImageEmbeddings: image_ids (N,) sorted int64,
     embeddings (N, D_img) float32. Raises FileExistsError (out_path exists, not force),
     FileNotFoundError (image files missing), ValueError (an image does not decode; nothing
-    is written), TypeError (model is not a Dinov2Model)."""
+    is written), TypeError (model is not a Dinov2Model), ImportError (no torch/transformers),
+    FileNotFoundError (model_name cannot be loaded: see load_pretrained)."""
     out_path = Path(out_path)
     if out_path.exists() and not force:  # checked now, not after an hour of compute
         raise FileExistsError(f"{out_path} already exists; pass force=True (--force) to replace it")
@@ -173,10 +199,7 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
     photos = choose_photos(read_captioned_photos(captions_path), num_photos, seed)
     paths = find_image_files(photos, images_dir)
     torch, transformers = require_export_deps()
-    if model is None:
-        model = transformers.Dinov2Model.from_pretrained(model_name)
-    if processor is None:
-        processor = transformers.AutoImageProcessor.from_pretrained(model_name)
+    model, processor = load_pretrained(transformers, model_name, model, processor)
     if not isinstance(model, transformers.Dinov2Model):
         raise TypeError(f"model must be a transformers Dinov2Model, got {type(model).__name__}")
     model = model.to(device).eval()
@@ -215,7 +238,8 @@ def add_export_args(parser):
     parser.add_argument("--out", type=Path, required=True,
                         help="output .npz, e.g. embeddings/coco_val2017_dinov2-base.npz")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, mps")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device: cpu, cuda (needs a CUDA build of torch), mps")
     parser.add_argument("--num-photos", type=int, default=None,
                         help="embed a seeded random subset of this many captioned photos")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --num-photos subset")

@@ -90,6 +90,12 @@ def prepare(cfg):
     for name, idx in split.items():
         tables[name], n = tokenize_photos(captions, idx, tok, cfg.model.max_len)
         n_truncated += n
+    if not 2 <= cfg.batch_photos <= len(split["train"]):
+        raise ValueError(f"{cfg.captions}: batch_photos={cfg.batch_photos}, but the train split "
+                         f"has {len(split['train'])} photos (need 2 <= batch_photos <= that)")
+    if cfg.warmup_steps >= cfg.steps > 0:
+        print(f"warning: --warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning "
+              f"rate never reaches its peak {cfg.lr}", file=sys.stderr)
     return {"captions": captions, "split": split, "tokenizer": tok, "tables": tables,
             "n_truncated": n_truncated}
 
@@ -259,13 +265,17 @@ def add_train_args(p):
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default %(default)s)")
     p.add_argument("--batch-photos", type=int, default=d.batch_photos,
                    help="photos per step, two captions each (default %(default)s)")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="(default %(default)s)")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
+                   help="linear warm-up steps before the cosine decay; keep it below --steps "
+                        "(default %(default)s)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="(default %(default)s)")
     p.add_argument("--mask-rate", type=float, default=d.mask_rate,
                    help="bad_views: word masking probability (default %(default)s)")
     p.add_argument("--anticollapse-weight", type=float, default=d.anticollapse_weight,
                    help="next_token: weight on VICReg var+cov (default %(default)s)")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="(default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="steps between val evaluations, saved caption embeddings and checkpoints "
+                        "(default %(default)s)")
     p.add_argument("--split-seed", type=int, default=d.split_seed,
                    help="photo split seed, independent of --seed (default %(default)s)")
     for name in ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len"):

@@ -170,19 +170,31 @@ def test_photos_missing_a_slot_or_an_embedding_are_left_out_and_reported(tmp_pat
     assert "image_alignment" in json.loads((run / "metrics.json").read_text())
 
 
-def test_missing_embeddings_file_gives_text_only_and_the_export_command(world, tmp_path,
-                                                                         capsys):
+def test_no_embeddings_option_gives_text_only_and_the_export_command(world, tmp_path, capsys):
     run = copy_run(world, "good_views", tmp_path)
     before = (run / "metrics.json").read_bytes()
-    for extra in ([], ["--embeddings", tmp_path / "absent.npz"]):
-        summary = cli("--run", run, *extra)                     # returns: exit status 0
-        out = capsys.readouterr().out
-        assert "image alignment not computed" in out
-        assert "python -m minialign export --captions" in out
-        assert "--model facebook/dinov2-base" in out and "embeddings/README.md" in out
-        assert "para R@1" in out and "good_views" in out
-        assert summary["embeddings"] is None and "mutual_knn" not in summary["runs"][0]
-    assert str(tmp_path / "absent.npz") in out                  # named as the --out to create
+    summary = cli("--run", run)                                 # returns: exit status 0
+    out = capsys.readouterr().out
+    assert "image alignment not computed" in out and "--embeddings was not given" in out
+    assert "python -m minialign export --captions" in out
+    assert "--model facebook/dinov2-base" in out and "embeddings/README.md" in out
+    assert f"--out {evaluate.DEFAULT_EMBEDDINGS}" in out
+    assert "para R@1" in out and "good_views" in out
+    assert summary["embeddings"] is None and "mutual_knn" not in summary["runs"][0]
+    assert (run / "metrics.json").read_bytes() == before        # nothing written
+
+
+def test_given_embeddings_file_that_does_not_exist_is_an_error(world, tmp_path, capsys):
+    run = copy_run(world, "good_views", tmp_path)
+    before = (run / "metrics.json").read_bytes()
+    absent = tmp_path / "absent.npz"
+    with pytest.raises(FileNotFoundError) as info:
+        cli("--run", run, "--embeddings", absent)
+    message = str(info.value)
+    assert f"--embeddings {absent}: no such file" in message
+    assert "python -m minialign export --captions" in message
+    assert f"--out {absent}" in message and "embeddings/README.md" in message
+    assert capsys.readouterr().out == ""                        # fails before any table
     assert (run / "metrics.json").read_bytes() == before        # nothing written
 
 
@@ -206,9 +218,11 @@ def test_not_a_run_directory_is_an_error_naming_it(tmp_path):
     for name in ("empty", "no_captions"):
         (tmp_path / name).mkdir()
     (tmp_path / "no_captions" / "config.json").write_text("{}")
-    for name in ("empty", "no_captions", "absent"):
+    for name in ("empty", "no_captions"):
         with pytest.raises(ValueError, match=f"{name}: not a run directory"):
             cli("--run", tmp_path / name)
+    with pytest.raises(FileNotFoundError, match="absent: no such run directory"):
+        cli("--run", tmp_path / "absent")
 
 
 def test_embeddings_of_other_photos_are_an_error(world, tmp_path):
@@ -274,3 +288,9 @@ def test_command_line_exit_codes(world, tmp_path, capsys):
     assert main(["evaluate", "--run", str(run), "--embeddings", str(world["embeddings"])]) == 0
     assert main(["evaluate", "--run", str(tmp_path)]) == 2                  # not a run
     assert f"{tmp_path}: not a run directory" in capsys.readouterr().err
+    assert main(["evaluate", "--run", str(tmp_path / "tyr")]) == 2          # no such dir
+    assert f"{tmp_path / 'tyr'}: no such run directory" in capsys.readouterr().err
+    absent = tmp_path / "absent.npz"                                        # given, absent
+    assert main(["evaluate", "--run", str(run), "--embeddings", str(absent)]) == 2
+    err = capsys.readouterr().err
+    assert f"--embeddings {absent}: no such file" in err and "minialign export" in err

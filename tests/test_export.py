@@ -24,6 +24,9 @@ TINY_PREPROCESSOR = {"image_processor_type": "BitImageProcessor",
                      "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
 TINY_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                    mlp_ratio=2, patch_size=14, image_size=56)  # MLP width 2 * 32 = 64
+NEEDS_TORCH = ("export tests need torch + transformers: pip install torch --index-url "
+               "https://download.pytorch.org/whl/cpu (CPU build, ~190 MB) first, "
+               "then pip install -e '.[export]'")
 
 
 def write_coco(path, images, annotations):
@@ -47,9 +50,8 @@ def coco_12(tmp_path_factory):
 def tiny(tmp_path_factory):
     """(model, processor, folder): a seeded random tiny Dinov2Model and a DINOv2-style
     processor, also saved to a folder that from_pretrained can read offline."""
-    torch = pytest.importorskip("torch", reason="export tests need torch (pip install -e .[export])")
-    transformers = pytest.importorskip("transformers",
-                                       reason="export tests need transformers (pip install -e .[export])")
+    torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
+    transformers = pytest.importorskip("transformers", reason=NEEDS_TORCH)
     folder = tmp_path_factory.mktemp("tiny_dinov2")
     (folder / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR))
     processor = transformers.AutoImageProcessor.from_pretrained(folder)
@@ -118,6 +120,22 @@ def test_missing_images_are_listed_before_any_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="2 of 3") as info:
         export_embeddings(captions, tmp_path, tmp_path / "out.npz", model=object())
     assert "000000000002.jpg" in str(info.value)
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_unloadable_model_is_a_friendly_error(tmp_path):
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
+    pytest.importorskip("transformers", reason=NEEDS_TORCH)
+    (tmp_path / "000000000001.jpg").write_bytes(b"")     # present: the model load comes next
+    captions = write_coco(tmp_path / "c.json", [{"id": 1, "file_name": "000000000001.jpg"}],
+                          [{"image_id": 1, "id": 9, "caption": "a cat"}])
+    absent = tmp_path / "no_such_model"                  # a path: fails at once, no network
+    with pytest.raises(FileNotFoundError) as info:
+        export_embeddings(captions, tmp_path, tmp_path / "out.npz", model_name=str(absent))
+    message = str(info.value)
+    assert repr(str(absent)) in message and "Hugging Face Hub on first use" in message
+    assert "internet needed once" in message and "--model" in message
+    assert isinstance(info.value.__cause__, OSError)     # from_pretrained's own error, chained
     assert not (tmp_path / "out.npz").exists()
 
 
