@@ -37,9 +37,30 @@ def embedding_backward(dy, cache):
 
 # ---------------------------------------------------------------- packing
 # Per-token layers (embeddings, LayerNorm, linear, GELU) run on the n real tokens of a batch,
-# stacked as rows of an (n, D) array: no work on padding. Attention needs the (B, T) grid, so
-# it scatters its q, k, v into it and gathers its output back. `real` holds the flat positions
-# b * T + t of the real tokens, in row-major order (= tokens[tokens != PAD]).
+# stacked as rows of an (n, D) array in the order of tokens[tokens != PAD]: no work on padding.
+# Attention needs a (B, T) grid. It runs on groups of captions of similar length, each group
+# scattered into its own grid trimmed to its longest caption, so its T^2 work shrinks too.
+ATTENTION_GROUP = 64  # captions per attention grid (sorted by length: little padding in each)
+
+
+def attention_groups(mask, causal, dtype, group_size=ATTENTION_GROUP):
+    """Split a batch into attention grids of similar-length captions.
+    mask: (B, T) bool, True at real tokens, padding only at the end of each row.
+    Returns a list of groups (rows, real, Bg, Tg, bias): rows (n_g,) the packed rows of the
+    group's tokens, in grid order; real (n_g,) their flat positions b * Tg + t in the group's
+    (Bg, Tg) grid; bias attention_bias(...) of the grid. Every packed row is in one group."""
+    lengths = mask.sum(axis=1)                                            # (B,)
+    row_of = np.cumsum(mask.ravel()).reshape(mask.shape) - 1              # (B, T) packed row
+    order = np.argsort(lengths, kind="stable")                            # (B,) short to long
+    groups = []
+    for seqs in np.array_split(order, -(-len(order) // group_size)):      # ceil(B / group_size)
+        Tg = max(1, int(lengths[seqs].max()))
+        sub = mask[seqs, :Tg]                                             # (Bg, Tg)
+        groups.append((row_of[seqs, :Tg][sub], np.flatnonzero(sub), len(seqs), Tg,
+                       attention_bias(sub, causal, dtype)))
+    return groups
+
+
 def unpack(x, real, B, T):
     """Packed rows x: (n, C) -> (B, T, C) grid, zeros at padding."""
     grid = np.zeros((B * T, x.shape[1]), dtype=x.dtype)                   # (B*T, C)
@@ -183,33 +204,40 @@ def softmax_attention_backward(dy, cache):
     return dq, dk, dv
 
 
-def mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, n_heads, real, B, T):
+def mha_forward(x, w_qkv, b_qkv, w_o, b_o, groups, n_heads):
     """Multi-head self-attention (Vaswani et al. 2017, sec. 3.2.2) with one fused q/k/v projection.
-    x: (n, D) packed real tokens of B sequences of padded length T (`real`: their flat
-    positions); w_qkv: (D, 3D); b_qkv: (3D,); w_o: (D, D); b_o: (D,); bias: attention_bias(...).
-    Returns y: (n, D) and a cache."""
-    D = x.shape[1]
+    x: (n, D) packed real tokens; w_qkv: (D, 3D); b_qkv: (3D,); w_o: (D, D); b_o: (D,);
+    groups: attention_groups(...) of the batch. Returns y: (n, D) and a cache."""
+    n, D = x.shape
     H, Dh = n_heads, D // n_heads
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                         # (n, 3D)
-    qkv = unpack(qkv, real, B, T).reshape(B, T, 3, H, Dh).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
-    a, c_att = softmax_attention_forward(qkv[0], qkv[1], qkv[2], bias)  # (B, H, T, Dh)
-    a = pack(a.transpose(0, 2, 1, 3).reshape(B, T, D), real)              # (n, D) heads side by side
+    a = np.empty_like(x)                                                  # (n, D)
+    c_att = []
+    for rows, real, Bg, Tg, bias in groups:
+        g = unpack(qkv[rows], real, Bg, Tg).reshape(Bg, Tg, 3, H, Dh)     # (Bg, Tg, 3, H, Dh)
+        q, k, v = g.transpose(2, 0, 3, 1, 4)                              # 3 x (Bg, H, Tg, Dh)
+        ag, c = softmax_attention_forward(q, k, v, bias)                  # (Bg, H, Tg, Dh)
+        a[rows] = pack(ag.transpose(0, 2, 1, 3).reshape(Bg, Tg, D), real)  # heads side by side
+        c_att.append(c)
     y, c_o = linear_forward(a, w_o, b_o)                                  # (n, D)
-    return y, (c_qkv, c_att, c_o, n_heads, real, B, T)
+    return y, (c_qkv, c_att, c_o, groups, n_heads)
 
 
 def mha_backward(dy, cache):
     """dy: (n, D) -> dx (n, D), dw_qkv, db_qkv, dw_o, db_o."""
-    c_qkv, c_att, c_o, H, real, B, T = cache
-    D = dy.shape[1]
+    c_qkv, c_att, c_o, groups, H = cache
+    n, D = dy.shape
     Dh = D // H
     da, dw_o, db_o = linear_backward(dy, c_o)                             # (n, D)
-    da = unpack(da, real, B, T).reshape(B, T, H, Dh).transpose(0, 2, 1, 3)  # (B, H, T, Dh)
-    dq, dk, dv = softmax_attention_backward(da, c_att)                    # 3 x (B, H, T, Dh)
-    dqkv = np.empty((B, T, 3, H, Dh), dtype=dy.dtype)                     # forward's qkv layout
-    for j, d in enumerate((dq, dk, dv)):
-        dqkv[:, :, j] = d.transpose(0, 2, 1, 3)                           # (B, T, H, Dh)
-    dx, dw_qkv, db_qkv = linear_backward(pack(dqkv.reshape(B, T, 3 * D), real), c_qkv)  # (n, D)
+    dqkv = np.empty((n, 3 * D), dtype=dy.dtype)                           # (n, 3D)
+    for (rows, real, Bg, Tg, _), c in zip(groups, c_att):
+        dag = unpack(da[rows], real, Bg, Tg).reshape(Bg, Tg, H, Dh).transpose(0, 2, 1, 3)
+        grads = softmax_attention_backward(dag, c)                        # dq, dk, dv (Bg, H, Tg, Dh)
+        grid = np.empty((Bg, Tg, 3, H, Dh), dtype=dy.dtype)               # forward's qkv layout
+        for j, d in enumerate(grads):
+            grid[:, :, j] = d.transpose(0, 2, 1, 3)                       # (Bg, Tg, H, Dh)
+        dqkv[rows] = pack(grid.reshape(Bg, Tg, 3 * D), real)
+    dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (n, D)
     return dx, dw_qkv, db_qkv, dw_o, db_o
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layers import (attention_bias, embedding_backward, embedding_forward, gelu_backward,
+from .layers import (attention_groups, embedding_backward, embedding_forward, gelu_backward,
                      gelu_forward, layernorm_backward, layernorm_forward, linear_backward,
                      linear_forward, mean_pool_backward, mean_pool_forward, mha_backward,
                      mha_forward)
@@ -76,7 +76,7 @@ def encode(params, tokens, cfg, causal=False):
     mask = tokens != PAD                                                  # (B, T) real tokens
     real = np.flatnonzero(mask)                                           # (n,) flat positions b*T + t
     seq, pos = np.divmod(real, T)                                         # (n,), (n,)
-    bias = attention_bias(mask, causal, params["tok_emb"].dtype)          # (B, 1, 1|T, T)
+    groups = attention_groups(mask, causal, params["tok_emb"].dtype)      # grids of similar length
     h, c_tok = embedding_forward(tokens.ravel()[real], params["tok_emb"])  # (n, D)
     p_emb, c_pos = embedding_forward(pos, params["pos_emb"])              # (n, D)
     h += p_emb
@@ -85,8 +85,8 @@ def encode(params, tokens, cfg, causal=False):
         p = f"blocks.{i}."
         a, c_ln1 = layernorm_forward(h, params[p + "ln1.gamma"], params[p + "ln1.beta"])
         a, c_att = mha_forward(a, params[p + "attn.w_qkv"], params[p + "attn.b_qkv"],
-                               params[p + "attn.w_o"], params[p + "attn.b_o"], bias,
-                               cfg.n_heads, real, B, T)                   # (n, D)
+                               params[p + "attn.w_o"], params[p + "attn.b_o"], groups,
+                               cfg.n_heads)                               # (n, D)
         h = h + a                                                         # (n, D) residual
         m, c_ln2 = layernorm_forward(h, params[p + "ln2.gamma"], params[p + "ln2.beta"])
         m, c_in = linear_forward(m, params[p + "mlp.w_in"], params[p + "mlp.b_in"])  # (n, F)

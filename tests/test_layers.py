@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from gradcheck import numerical_grad, rel_err
 
-from minialign.layers import (attention_bias, embedding_backward, embedding_forward,
+from minialign.layers import (attention_bias, attention_groups, embedding_backward, embedding_forward,
                               gelu_backward, gelu_forward, layernorm_backward, layernorm_forward,
                               linear_backward, linear_forward, mean_pool_backward,
                               mean_pool_forward, mha_backward, mha_forward, pack,
@@ -112,20 +112,41 @@ def test_attention_reads_only_allowed_keys():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_mha_backward(causal):
+@pytest.mark.parametrize("group_size", [2, 64])
+def test_mha_backward(causal, group_size):
+    """Against finite differences, with the batch in one attention grid or split in several."""
     rng = np.random.default_rng(7)
-    B, T, D, H = 2, 4, 6, 2
-    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=bool)
-    real = np.flatnonzero(mask)
-    x = rng.standard_normal((len(real), D))                # 7 packed real tokens
+    B, T, D, H = 4, 4, 6, 2
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=bool)
+    n = int(mask.sum())
+    x = rng.standard_normal((n, D))                        # 10 packed real tokens
     w_qkv, b_qkv = rng.standard_normal((D, 3 * D)) / 2, rng.standard_normal(3 * D)
     w_o, b_o = rng.standard_normal((D, D)) / 2, rng.standard_normal(D)
-    bias = attention_bias(mask, causal, np.float64)
-    dy = rng.standard_normal((len(real), D))
-    fwd = lambda: mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, H, real, B, T)
+    groups = attention_groups(mask, causal, np.float64, group_size)
+    assert len(groups) == -(-B // group_size)
+    assert sorted(np.concatenate([g[0] for g in groups]).tolist()) == list(range(n))
+    dy = rng.standard_normal((n, D))
+    fwd = lambda: mha_forward(x, w_qkv, b_qkv, w_o, b_o, groups, H)
     loss = lambda: np.sum(fwd()[0] * dy)
     check(loss, mha_backward(dy, fwd()[1]), (x, w_qkv, b_qkv, w_o, b_o),
           ("x", "w_qkv", "b_qkv", "w_o", "b_o"))
+
+
+def test_attention_groups_do_not_change_the_output():
+    """Grids of 1, 2 or all captions give the same attention output: only padding differs."""
+    rng = np.random.default_rng(9)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], bool)
+    x = rng.standard_normal((int(mask.sum()), 8))
+    w_qkv, w_o = rng.standard_normal((8, 24)), rng.standard_normal((8, 8))
+    b_qkv, b_o = rng.standard_normal(24), rng.standard_normal(8)
+    for causal in (False, True):
+        ys = [mha_forward(x, w_qkv, b_qkv, w_o, b_o, attention_groups(mask, causal, np.float64, g),
+                          2)[0] for g in (1, 2, 4)]
+        np.testing.assert_allclose(ys[0], ys[2], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(ys[1], ys[2], rtol=1e-12, atol=1e-12)
+    # the grid of the two shortest captions is trimmed to their longest: 2 tokens
+    rows, real, Bg, Tg, bias = attention_groups(mask, False, np.float64, 2)[0]
+    assert (Bg, Tg) == (2, 2) and rows.tolist() == [10, 5, 6] and real.tolist() == [0, 2, 3]
 
 
 def test_layers_keep_float32():
@@ -134,8 +155,7 @@ def test_layers_keep_float32():
     g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
     assert layernorm_forward(x, g, b)[0].dtype == np.float32
     assert gelu_forward(x)[0].dtype == np.float32
-    bias = attention_bias(np.ones((2, 3), bool), True, np.float32)
+    groups = attention_groups(np.ones((2, 3), bool), True, np.float32)
     w_qkv, w_o = np.ones((4, 12), np.float32), np.ones((4, 4), np.float32)
-    y, _ = mha_forward(x.reshape(6, 4), w_qkv, np.zeros(12, np.float32), w_o, b, bias, 2,
-                       np.arange(6), 2, 3)
+    y, _ = mha_forward(x.reshape(6, 4), w_qkv, np.zeros(12, np.float32), w_o, b, groups, 2)
     assert y.dtype == np.float32
