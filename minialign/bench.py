@@ -151,7 +151,8 @@ def bench_one(name, args):
     captions = Path(args.captions)
     model = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                         mlp_ratio=args.mlp_ratio)
-    cfg = TrainConfig(objective=name, captions=str(captions), model=model)
+    cfg = TrainConfig(objective=name, captions=str(captions), batch_photos=args.batch_photos,
+                      model=model)
     data = prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(      # as train.train does
         model, vocab_size=data["tokenizer"].vocab_size))
