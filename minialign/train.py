@@ -27,7 +27,8 @@ from .metrics import collapse_stats, paraphrase_r_at_1
 from .model import ModelConfig, encode, init_params, param_count
 from .objectives import CAUSAL, OBJECTIVES
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
-from .tokenizer import build_tokenizer, tokenizer_to_arrays
+from .tokenizer import (VOCAB_KEY, build_tokenizer, pad_batch, tokenizer_from_arrays,
+                        tokenizer_to_arrays)
 
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
@@ -248,6 +249,28 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
           f"test {final['test']['paraphrase_R@1']:.3f} (chance {final['test']['chance']:.4f}); "
           f"test effective rank {final['test']['effective_rank']:.1f}", flush=True)
     return metrics
+
+
+def load_model(run_dir):
+    """A finished run's encoder: (params {name: float32 array}, Tokenizer, TrainConfig).
+    Raises FileNotFoundError / ValueError naming the file that is missing or malformed."""
+    run_dir = Path(run_dir)
+    for name in ("config.json", "model.npz"):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir / name}: no such file (is {run_dir} a finished run?)")
+    cfg = TrainConfig(**json.loads((run_dir / "config.json").read_text())["config"])
+    with np.load(run_dir / "model.npz", allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    tok = tokenizer_from_arrays(arrays)
+    return {k: v for k, v in arrays.items() if k != VOCAB_KEY}, tok, cfg
+
+
+def embed_captions(run_dir, captions):
+    """Caption embeddings z (N, D) float32 of any cleaned caption strings, by a finished run's
+    encoder, with the attention its objective trained (causal for next_token)."""
+    params, tok, cfg = load_model(run_dir)
+    tokens = pad_batch([tok.encode(c, cfg.model.max_len)[0] for c in captions])  # (N, T)
+    return embed(params, tokens, cfg.model, CAUSAL[cfg.objective])
 
 
 def add_train_args(p):

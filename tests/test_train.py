@@ -6,7 +6,7 @@ import pytest
 
 from minialign.model import ModelConfig
 from minialign.synthetic import write_world
-from minialign.train import TrainConfig, train
+from minialign.train import TrainConfig, embed_captions, load_model, train
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
 
@@ -50,3 +50,22 @@ def test_short_real_run_learns(real_captions_path, tmp_path, objective):
     assert final["test"]["chance"] == pytest.approx(1 / 1000)
     written = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"config.json", "log.jsonl", "model.npz", "metrics.json", "captions"} <= written
+
+
+def test_load_model_reproduces_the_saved_embeddings(world, tmp_path):
+    cfg = TrainConfig(objective="next_token", captions=str(world), steps=2, batch_photos=16,
+                      warmup_steps=1, eval_every=2, model=SMALL)
+    train(cfg, tmp_path / "run", progress=False)
+    params, tok, loaded = load_model(tmp_path / "run")
+    assert loaded.objective == "next_token" and loaded.model.vocab_size == tok.vocab_size
+    assert params["tok_emb"].shape == (tok.vocab_size, 32) and params["tok_emb"].dtype == np.float32
+    saved = np.load(tmp_path / "run" / "captions" / "test_step00002.npz")
+    ids = saved["slot0_image_ids"][:5]
+    doc = json.loads(open(world).read())
+    by_id = {}
+    for a in sorted(doc["annotations"], key=lambda a: a["id"]):
+        by_id.setdefault(a["image_id"], []).append(" ".join(a["caption"].split()).lower())
+    z = embed_captions(tmp_path / "run", [by_id[i][0] for i in ids])
+    np.testing.assert_allclose(z, saved["slot0_z"][:5].astype(np.float32), rtol=2e-3, atol=2e-3)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path)
