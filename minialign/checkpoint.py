@@ -15,20 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import atomic_savez, atomic_write_json
+
 CHECKPOINT = "checkpoint.npz"  # the run's full state at its last evaluation step
-
-
-def atomic_savez(path, arrays):
-    """np.savez to path.tmp, then rename: a reader never sees a half-written file."""
-    tmp = Path(str(path) + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path, obj):
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def prepare_out_dir(out, force):

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .files import atomic_savez
+
 ARRAY_KEYS = ("image_ids", "embeddings", "meta")  # the three arrays in every file
 # meta keys the caller of save_embeddings must give; count, dim and dtype are filled in here
 CALLER_META_KEYS = ("model", "preprocessing", "pooling", "captions_sha256")
 META_KEYS = CALLER_META_KEYS + ("dtype", "count", "dim")  # meta keys every file must hold
 EMBEDDING_DTYPE = np.float32   # stored dtype of the embeddings
-ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)  # earliest zip timestamp: same arrays -> same bytes
 HASH_CHUNK_BYTES = 1 << 20     # sha256_file reads 1 MiB at a time
 NUM_EXAMPLES = 5               # ids quoted in error messages and join reports
 
@@ -67,17 +66,6 @@ def check_arrays(image_ids, embeddings, where):
                          f"(e.g. {examples(unique_ids[counts > 1])})")
 
 
-def write_npz(file, arrays):
-    """Write {name: array} as an uncompressed .npz, like np.savez, to an open binary file.
-    np.savez stamps the current time into each zip entry; a fixed stamp makes the same arrays
-    give the same bytes, hence the same sha256 line in embeddings/README.md."""
-    with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED) as zf:
-        for name, array in arrays.items():
-            info = zipfile.ZipInfo(name + ".npy", date_time=ZIP_DATE_TIME)
-            with zf.open(info, mode="w", force_zip64=True) as entry:
-                np.lib.format.write_array(entry, array, allow_pickle=False)
-
-
 def save_embeddings(path, image_ids, embeddings, meta, force=False):
     """Write an embeddings file atomically: a temporary file in the same folder, then
     os.replace, so `path` is either absent, its old self, or complete.
@@ -109,16 +97,7 @@ def save_embeddings(path, image_ids, embeddings, meta, force=False):
               "embeddings": embeddings.astype(EMBEDDING_DTYPE),           # (N, D)
               "meta": np.array(meta_json)}                                # () unicode
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp_file:
-            write_npz(tmp_file, arrays)
-            tmp_file.flush()
-            os.fsync(tmp_file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    atomic_savez(path, arrays)
     return path
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import atomic_write_json
+from .files import atomic_write_json
 from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
 from .metrics import DEFAULT_KS, MUTUAL_KNN_K, mutual_knn, procrustes_recall, slot_metrics
 from .train import text_metrics

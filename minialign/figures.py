@@ -5,12 +5,14 @@
     fig_curves.png      val metric against training step, seed mean with the seed range shaded
     fig_lr_search.png   the lr search: final val metric against lr (log axis), chosen lr ringed
 Each figure reads only `results` (its "published", "chance", "metric", "runs", "lr_search", ...),
-so this module imports nothing from the rest of minialign.
+so this module imports nothing from the rest of minialign but its atomic file writer.
 """
 import math
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from .files import atomic_write
 
 LABELS = {"mutual_knn": "mutual-kNN@10", "R@1": "R@1, caption → image",   # titles here and
           "paraphrase_R@1": "paraphrase R@1 (text only)"}                  # in results.md
@@ -21,6 +23,12 @@ GREY, INK = (150, 150, 150), (20, 20, 20)
 
 
 # ---------------------------------------------------------------- drawing helpers
+def save_png(img, path):
+    """Write a Pillow image as PNG, atomically (files.atomic_write)."""
+    with atomic_write(path) as f:
+        img.save(f, format="PNG")
+
+
 def font(size):
     """DejaVu Sans at `size` px if installed, else Pillow's built-in scalable font."""
     try:
@@ -137,7 +145,7 @@ def fig_alignment(results, path):
     if results["comparable"]:
         key += "    ▬ published (COCO replication)"
     draw.text((120, 850), key, font=font(28), fill=INK, anchor="lm")
-    img.save(path)
+    save_png(img, path)
 
 
 def fig_curves(results, path):
@@ -155,7 +163,7 @@ def fig_curves(results, path):
             curves[obj] = (runs[0]["curve"]["step"][:n],
                            np.array([r["curve"][metric][:n] for r in runs]))   # (seeds, n)
     if not curves:
-        img.save(path)
+        save_png(img, path)
         return
     top = max(v.max() for _, v in curves.values()) * 1.15 or 1.0
     box = (140, 120, 1540, 760)
@@ -183,7 +191,7 @@ def fig_curves(results, path):
     legend(draw, (140, 860), [(o, COLOURS.get(o, GREY)) for o in curves])
     draw.text((1540, 860), "line: mean over seeds   shade: seed min..max", font=font(28),
               fill=INK, anchor="rm")
-    img.save(path)
+    save_png(img, path)
 
 
 def fig_lr_search(results, path):
@@ -196,7 +204,7 @@ def fig_lr_search(results, path):
     if not lrs or not scores:
         draw.text((800, 450), "no learning-rate search in this protocol", font=font(32),
                   fill=INK, anchor="mm")
-        img.save(path)
+        save_png(img, path)
         return
     box = (140, 120, 1540, 760)
     lo, hi = min(lrs) / 10 ** 0.15, max(lrs) * 10 ** 0.15
@@ -227,4 +235,4 @@ def fig_lr_search(results, path):
             draw.ellipse([x - 22, y - 22, x + 22, y + 22], outline=INK, width=4)
     legend(draw, (140, 860), [(o, COLOURS.get(o, GREY)) for o in searches])
     draw.text((1540, 860), "○ chosen   × diverged", font=font(28), fill=INK, anchor="rm")
-    img.save(path)
+    save_png(img, path)

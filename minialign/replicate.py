@@ -30,6 +30,7 @@ import numpy as np
 
 from . import checkpoint, evaluate, train
 from .data import load_coco_captions
+from .files import atomic_write_json
 from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
 from .model import ModelConfig
 from .objectives import OBJECTIVES
@@ -101,7 +102,7 @@ def save_protocol(out, protocol):
             diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
             raise ValueError(f"{out}: holds results of another protocol (differs in "
                              f"{', '.join(diff)}); choose another output directory")
-    checkpoint.atomic_write_json(path, saved)
+    atomic_write_json(path, saved)
 
 
 # ---------------------------------------------------------------- the lr search
@@ -202,7 +203,7 @@ def run_one(out, cfg, emb, tally, progress):
             tally["ms_per_step"].setdefault(cfg.objective, []).append(metrics["ms_per_step"])
         except FloatingPointError as err:
             run_dir.mkdir(parents=True, exist_ok=True)
-            checkpoint.atomic_write_json(run_dir / DIVERGED, {"error": str(err)})
+            atomic_write_json(run_dir / DIVERGED, {"error": str(err)})
             print(f"[replicate] {run_dir.name}: diverged ({err}); recorded, not retried",
                   flush=True)
     if needs_evaluation(run_dir, emb):
@@ -218,7 +219,7 @@ def replicate(protocol, out, emb=None, progress=None):
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     save_protocol(out, protocol)
-    checkpoint.atomic_write_json(out / "environment.json", environment())
+    atomic_write_json(out / "environment.json", environment())
     emb = emb and {"data": emb, "sha256": sha256_file(emb.path)}
     seed_grid = [run_config(protocol, obj, seed) for seed in protocol.seeds
                  for obj in protocol.objectives]

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import replicate
+from .files import atomic_write_bytes, atomic_write_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
@@ -240,8 +241,8 @@ def build_report(out):
     """Write results.json, results.md and FIGURES into `out`; returns the results dict."""
     out = Path(out)
     results = collect(out)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(format_markdown(results))
+    atomic_write_json(out / "results.json", results)
+    atomic_write_bytes(out / "results.md", format_markdown(results).encode())
     for name, draw_figure in zip(FIGURES, (fig_alignment, fig_curves, fig_lr_search)):
         draw_figure(results, out / name)
     return results

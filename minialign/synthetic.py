@@ -14,11 +14,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 
 import numpy as np
 
 from minialign.embeddings import save_embeddings
+from minialign.files import atomic_write_bytes
 
 WORLD_SEED = 20240601  # arbitrary constant: fixes the random "image model" so every world shares it
 D_IMG = 768            # width of DINOv2-base embeddings, which the synthetic ones stand in for
@@ -209,22 +209,6 @@ def make_world(n_scenes, rng, d_img=D_IMG, noise=NOISE):
             "factors": factors, "embeddings": embeddings}
 
 
-def _write_atomic(path, data):
-    """Write bytes to a temporary file in path's directory, then os.replace it onto path:
-    readers see the old file or the whole new one, never half of it."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     """Write a SYNTHETIC world as out_dir/captions_synthetic.json (COCO captions format) and
     out_dir/embeddings_synthetic.npz (minialign.embeddings format: image_ids (N,) int64,
@@ -258,7 +242,7 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
             "captions_sha256": hashlib.sha256(captions_bytes).hexdigest(),
             "synthetic": True, "seed": seed, "noise": noise}
     os.makedirs(out_dir, exist_ok=True)
-    _write_atomic(paths[0], captions_bytes)
+    atomic_write_bytes(paths[0], captions_bytes)
     # the real format's writer: atomic, fixed zip timestamps (same seed -> same bytes)
     save_embeddings(paths[1], world["image_ids"], world["embeddings"], meta, force=force)
     return paths

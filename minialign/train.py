@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import (CHECKPOINT, atomic_savez, atomic_write_json, load_checkpoint,
-                         prepare_out_dir, rewind_run_dir, run_state, save_checkpoint)
+from .checkpoint import (CHECKPOINT, load_checkpoint, prepare_out_dir, rewind_run_dir, run_state,
+                         save_checkpoint)
+from .files import atomic_savez, atomic_write_json
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)
 from .metrics import collapse_stats, paraphrase_r_at_1

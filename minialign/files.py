@@ -1,0 +1,200 @@
+"""Files that survive Ctrl-C, a full disk and a second process: the one owner of writing and
+reading minialign's result files.
+
+    atomic_write(path)      every writer: a temporary file beside `path`, fsync, os.replace
+    read_json / load_npz    every reader of a file minialign wrote: one-line errors naming it
+    DirLock(directory)      one process at a time per run (or results) directory
+
+A reader of `path` sees its old bytes or its new bytes, never a mix: the new bytes go to a
+temporary file in the same folder (same file system, so the rename is atomic), are flushed to
+disk, and only then renamed onto `path`. On any failure (KeyboardInterrupt, a full disk) the
+temporary file is removed and `path` is left as it was. A process killed outright (SIGKILL,
+power loss) can leave a temporary file behind; its name starts with "." and ends with TMP_SUFFIX,
+and `remove_stale_temporaries` deletes such files under a held DirLock.
+"""
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+TMP_SUFFIX = ".minialign-tmp"        # temporary files are ".<name>.<random>" + TMP_SUFFIX
+LOCK_FILE = ".lock"                  # DirLock's file inside the locked directory
+ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamp: the same arrays give the same bytes
+
+
+# ---------------------------------------------------------------- writing
+@contextlib.contextmanager
+def atomic_write(path):
+    """Context manager yielding a binary file; on a clean exit its bytes replace `path`
+    atomically (write, flush, fsync, os.replace, fsync of the folder). On any exception the
+    temporary file is removed, `path` is untouched, and an OSError is re-raised as OSError with
+    the same errno and a message that starts with `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)                        # mkstemp creates 0600; a result is public
+        os.replace(tmp, path)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not str(err).startswith(str(path)):
+            raise OSError(err.errno, f"{path}: cannot write ({err.strerror or err}); "
+                                     f"the previous version, if any, is kept") from err
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory):
+    """Make a rename inside `directory` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path, data):
+    """Write `data` (bytes) to `path` atomically (atomic_write)."""
+    with atomic_write(path) as f:
+        f.write(data)
+
+
+def atomic_write_json(path, obj):
+    """Write `obj` as indented JSON to `path` atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def write_npz(file, arrays):
+    """{name: array} as an uncompressed .npz (what np.savez writes, readable by np.load) into an
+    open binary file, with a fixed timestamp in every zip entry so that the same arrays give
+    the same bytes (np.savez stamps the current time). No pickles: object arrays are refused."""
+    with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED) as zf:
+        for name, array in arrays.items():
+            info = zipfile.ZipInfo(name + ".npy", date_time=ZIP_DATE_TIME)
+            with zf.open(info, mode="w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(array), allow_pickle=False)
+
+
+def atomic_savez(path, arrays):
+    """Write {name: array} as an .npz (write_npz) to `path` atomically."""
+    with atomic_write(path) as f:
+        write_npz(f, arrays)
+
+
+def remove_stale_temporaries(directory):
+    """Delete the temporary files a killed writer left in `directory` (and its subfolders).
+    Call it only while holding the directory's DirLock. Returns how many were removed."""
+    stale = [p for p in Path(directory).rglob(f".*{TMP_SUFFIX}") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
+
+
+# ---------------------------------------------------------------- reading
+def read_json(path, kind="JSON file"):
+    """The parsed JSON object in `path`. Raises FileNotFoundError or ValueError with one line
+    that starts with the path: missing, a folder, empty, truncated, not UTF-8, not JSON, or
+    not a JSON object. kind names what the file should be, for the message."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, expected a {kind}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file (expected a {kind})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a {kind} (not UTF-8 text)") from None
+    if not text.strip():
+        raise ValueError(f"{path}: empty, expected a {kind} (interrupted by an older "
+                         f"minialign, or truncated?)")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a valid {kind} (truncated or edited? {err})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: not a {kind} (a JSON {type(obj).__name__}, not an object)")
+    return obj
+
+
+def load_npz(path, kind=".npz file"):
+    """Every array of an .npz as a dict {name: ndarray}. Raises FileNotFoundError or ValueError
+    with one line that starts with the path: missing, not a zip archive (empty, truncated, a
+    plain .npy), an unreadable entry, or pickled objects (never loaded)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (expected a {kind})")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: not a readable {kind} (empty, truncated or not an .npz)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path}: not a readable {kind} (truncated or corrupt: {err})") from None
+
+
+# ---------------------------------------------------------------- one process per directory
+class DirLockedError(OSError):
+    """Another live process holds the directory's lock."""
+
+
+class DirLock:
+    """An exclusive lock on a directory, held by this process until release() (or exit).
+
+    An advisory fcntl.flock on directory/LOCK_FILE: the kernel drops it when the holder exits
+    in any way (Ctrl-C, SIGKILL, a crash), so a lock left by a dead process never blocks.
+    The file records the holder (pid, host, command, start time) for the refusal message.
+    Raises DirLockedError naming the directory and the process that holds it."""
+
+    def __init__(self, directory):
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self.fd = None
+
+    def acquire(self):
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise DirLockedError(errno.EBUSY, f"{self.directory}: in use by another minialign "
+                                 f"process ({holder}); wait for it to finish or stop it, "
+                                 f"then rerun") from None
+        holder = (f"pid {os.getpid()} on {socket.gethostname()}, started "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(sys.argv)[:200]}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
