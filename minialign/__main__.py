@@ -3,6 +3,13 @@ import argparse
 import sys
 
 
+RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest continues
+    "train": "rerun the same command with --resume to continue from the last checkpoint",
+    "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
+                 "continues from its last checkpoint",
+}
+
+
 class DefaultsFormatter(argparse.HelpFormatter):
     """Appends "(default: X)" to an option's help when X says something (not None/False)."""
 
@@ -47,11 +54,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         commands[args.command](args)
+    except train.Diverged as e:                      # the run's own outcome, recorded on disk
+        print(f"minialign {args.command}: diverged: {e}", file=sys.stderr)
+        return train.EXIT_DIVERGED
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"minialign {args.command}: interrupted", file=sys.stderr)
+        print(f"minialign {args.command}: interrupted; {RESUME_HINT.get(args.command, '')}"
+              .rstrip("; "), file=sys.stderr)
         return 130
     return 0
 

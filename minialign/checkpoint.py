@@ -10,28 +10,96 @@ the times are in metrics.json). Imports only numpy: it knows a config only as a 
 import dataclasses
 import json
 import os
-import shutil
+import re
 from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_savez, atomic_write_json
+from .files import (LOCK_FILE, TMP_SUFFIX, atomic_savez, atomic_write_json, load_npz,
+                    read_json)
 
 CHECKPOINT = "checkpoint.npz"  # the run's full state at its last evaluation step
+RUN_FORMAT = 1                 # config.json["format"]: a newer minialign may read older runs
+DIVERGED = "diverged.json"     # written when the loss (or a gradient) stopped being finite
+CAPTIONS_DIR = "captions"      # caption embeddings saved at evaluation steps
+CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")   # caption_file_name's names
+RUN_FILES = ("config.json", "log.jsonl", "metrics.json", CHECKPOINT, "model.npz", DIVERGED,
+             LOCK_FILE)
 
 
-def prepare_out_dir(out, force):
-    """Create `out`; refuse an existing non-empty directory unless force (then empty it)."""
+def caption_file_name(split, step):
+    """captions/<split>_stepNNNNN.npz, e.g. val_step00250.npz (parsed by CAPTION_FILE)."""
+    return f"{split}_step{step:05d}.npz"
+
+
+def run_files(out):
+    """The files in `out` that a minialign run writes: RUN_FILES, captions/<split>_stepNNNNN.npz,
+    and temporary files of an interrupted write. Returns (run_paths, foreign_paths): what
+    clear_run_dir may delete, and everything else (which makes `out` not a run directory)."""
+    out, ours, foreign = Path(out), [], []
+    for path in sorted(out.iterdir()) if out.is_dir() else []:
+        if path.name == CAPTIONS_DIR and path.is_dir() and not path.is_symlink():
+            for inner in sorted(path.iterdir()):
+                mine = inner.is_file() and (CAPTION_FILE.match(inner.name) or is_temporary(inner))
+                (ours if mine else foreign).append(inner)
+            ours.append(path)
+        elif path.is_file() and (path.name in RUN_FILES or is_temporary(path)):
+            ours.append(path)
+        else:
+            foreign.append(path)
+    return ours, foreign
+
+
+def is_temporary(path):
+    return path.name.startswith(".") and path.name.endswith(TMP_SUFFIX)
+
+
+def is_empty_run_dir(out):
+    """Whether `out` is absent, empty, or holds only what a run leaves before it has written
+    anything of value (its lock, an empty captions/ folder, temporary files)."""
+    ours, foreign = run_files(out)
+    return not foreign and all(p.name == LOCK_FILE or is_temporary(p) or
+                               (p.is_dir() and not any(p.iterdir())) for p in ours)
+
+
+def check_replaceable(out, inputs=()):
+    """Refuse, before anything is deleted, to let --force replace `out` unless it is a run
+    directory: not the current directory or one of its parents, holding none of `inputs`
+    (e.g. the captions file), and nothing but a run's own files (run_files).
+    Raises ValueError / FileExistsError naming `out` and what it holds."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
+    if not out.exists():
+        return
+    if not out.is_dir():
         raise FileExistsError(f"{out}: exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise FileExistsError(f"{out}: directory exists and is not empty "
-                                  "(pass --force to replace it, or --resume to continue it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    here, target = Path.cwd().resolve(), out.resolve()
+    if target == here or target in here.parents:
+        raise ValueError(f"{out}: is the current directory or one of its parents; --force "
+                         f"never deletes it, pass a run directory of its own (e.g. runs/NAME)")
+    for path in inputs:
+        if path and Path(path).resolve().is_relative_to(target):
+            raise ValueError(f"{out}: holds {path}, an input of this run; --force would delete "
+                             f"it. Move it out of {out} or pick another --out")
+    foreign = run_files(out)[1]
+    if foreign:
+        names = ", ".join(str(p.relative_to(out)) for p in foreign[:5])
+        raise FileExistsError(f"{out}: holds {len(foreign)} file(s) that no minialign run "
+                              f"writes ({names}{', ...' if len(foreign) > 5 else ''}); --force "
+                              f"only replaces a run directory. Move them or pick another --out")
+
+
+def clear_run_dir(out):
+    """Delete a run's own files from `out` (run_files), keeping the folder and its lock.
+    Call check_replaceable first, and only while holding the folder's DirLock."""
+    ours, foreign = run_files(out)
+    if foreign:                          # check_replaceable passed, then someone added a file
+        raise FileExistsError(f"{out}: now holds {foreign[0].name}, which no run writes; "
+                              f"nothing was deleted")
+    for path in ours:                    # a folder comes after its files (sorted, appended last)
+        if path.is_dir():
+            path.rmdir()
+        elif path.name != LOCK_FILE:
+            path.unlink()
 
 
 def config_differences(saved, cfg):
@@ -46,24 +114,42 @@ def config_differences(saved, cfg):
 
 
 def run_state(out, cfg):
-    """What a resumed `train` finds in `out`: "new" (absent or empty), "finished" (metrics.json
-    has "final"), "checkpoint" (checkpoint.npz to continue from) or "restart" (a run of this
-    config stopped before its first checkpoint). Raises ValueError naming `out` when its
-    config.json describes another run, FileExistsError when `out` is not a run directory."""
+    """What `train --resume` finds in `out`: "new" (absent, or only a run's leftovers from before
+    its config.json was written), "finished" (metrics.json has "final"), "diverged"
+    (diverged.json), "checkpoint" (checkpoint.npz to continue from) or "restart" (a run of this
+    config stopped before its first checkpoint). Raises ValueError naming the file when
+    config.json is unreadable or describes another run, FileExistsError when `out` holds
+    files no run writes."""
     out = Path(out)
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if not out.exists():
         return "new"
     if not (out / "config.json").is_file():
-        raise FileExistsError(f"{out}: not empty and holds no config.json, so it is not a "
-                              "run directory to resume")
-    diff = config_differences(json.loads((out / "config.json").read_text())["config"], cfg)
+        if run_files(out)[1]:
+            raise FileExistsError(f"{out}: not empty and holds no config.json, so it is not a "
+                                  "run directory to resume; pick another --out")
+        return "new"
+    diff = config_differences(read_config(out / "config.json"), cfg)
     if diff:
         raise ValueError(f"{out}: holds a run of another config, so it cannot be resumed "
                          f"({'; '.join(diff)}); pick another directory or pass --force")
+    if (out / DIVERGED).is_file():
+        return "diverged"
     metrics = out / "metrics.json"
-    if metrics.is_file() and "final" in json.loads(metrics.read_text()):
+    if metrics.is_file() and "final" in read_json(metrics, "minialign metrics.json"):
         return "finished"
     return "checkpoint" if (out / CHECKPOINT).is_file() else "restart"
+
+
+def read_config(path):
+    """config.json["config"] of a run directory, as saved. Raises ValueError naming the file
+    if it is unreadable, lacks "config", or was written by a newer minialign."""
+    saved = read_json(path, "minialign config.json")
+    if saved.get("format", RUN_FORMAT) > RUN_FORMAT:
+        raise ValueError(f"{path}: written by a newer minialign (run format {saved['format']}, "
+                         f"this one reads {RUN_FORMAT}); upgrade minialign")
+    if not isinstance(saved.get("config"), dict):
+        raise ValueError(f"{path}: not a minialign config.json (no \"config\" object)")
+    return saved["config"]
 
 
 def save_checkpoint(path, step, params, state, rngs, log_bytes, seconds):
@@ -82,33 +168,67 @@ def save_checkpoint(path, step, params, state, rngs, log_bytes, seconds):
 
 def load_checkpoint(path, params, state, rngs):
     """Restore a save_checkpoint file into params, state and rngs (in place).
-    Returns the JSON "state" dict (step, adam_t, log_bytes, seconds, rng)."""
-    with np.load(path, allow_pickle=False) as npz:
-        for prefix, target in (("params/", params), ("adam_m/", state["m"]),
-                               ("adam_v/", state["v"])):
-            for k in target:
-                target[k][...] = npz[prefix + k]
-        meta = json.loads(str(npz["state"]))
-    state["t"] = meta["adam_t"]
-    for name, rng in rngs.items():
-        rng.bit_generator.state = meta["rng"][name]
-    return meta
+    Returns the JSON "state" dict (step, adam_t, log_bytes, seconds, rng). Raises ValueError
+    naming the file if it is unreadable or does not fit this run (an array missing or of
+    another shape or dtype); nothing is restored then."""
+    arrays = load_npz(path, "checkpoint")
+    try:
+        meta = json.loads(str(arrays["state"]))
+        saved = {(prefix, k): arrays[prefix + k] for prefix, target in
+                 (("params/", params), ("adam_m/", state["m"]), ("adam_v/", state["v"]))
+                 for k in target}
+        rng_states = [meta["rng"][name] for name in rngs]
+        step, adam_t = int(meta["step"]), int(meta["adam_t"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: not a checkpoint of this run (lacks {err}); pass --force "
+                         f"to start the run over") from None
+    for (prefix, k), array in saved.items():
+        target = params[k] if prefix == "params/" else state["m" if prefix == "adam_m/" else "v"][k]
+        if array.shape != target.shape or array.dtype != target.dtype:
+            raise ValueError(f"{path}: {prefix}{k} is {array.shape} {array.dtype}, this run's is "
+                             f"{target.shape} {target.dtype}; pass --force to start over")
+    for (prefix, k), array in saved.items():
+        target = params[k] if prefix == "params/" else state["m" if prefix == "adam_m/" else "v"][k]
+        target[...] = array
+    state["t"] = adam_t
+    for rng, rng_state in zip(rngs.values(), rng_states):
+        rng.bit_generator.state = rng_state
+    return {**meta, "step": step}
 
 
-def rewind_run_dir(out, meta, steps):
-    """Undo what a stopped run wrote after its checkpoint step: cut log.jsonl back to
-    meta["log_bytes"], drop later evaluations from metrics.json and later caption files.
-    The last step's checkpoint comes before its evaluation, so that evaluation goes too
-    (steps: the run's total). Returns the kept metrics dict."""
-    step = meta["step"]
-    with open(out / "log.jsonl", "r+b") as log:
-        if log.seek(0, os.SEEK_END) < meta["log_bytes"]:
-            raise ValueError(f"{out}: log.jsonl is shorter than its checkpoint at step {step}")
+def eval_steps(step, steps, eval_every):
+    """The intermediate evaluation steps a run has passed at `step`: every eval_every-th step
+    up to `step`, the final step (`steps`) excluded (its evaluation follows the checkpoint)."""
+    return [s for s in range(eval_every, step + 1, eval_every) if s < steps]
+
+
+def rewind_run_dir(out, meta, cfg):
+    """Undo what a stopped run wrote after its checkpoint: cut log.jsonl back to
+    meta["log_bytes"], drop later evaluations from metrics.json (which may not exist yet: the
+    run may have stopped before its first evaluation was written) and later caption files.
+    The last step's checkpoint comes before its evaluation, so that evaluation goes too.
+    Returns the kept metrics dict. Raises ValueError naming a file that is missing or shorter
+    than the checkpoint says (the run cannot continue exactly; --force starts over)."""
+    out, step = Path(out), meta["step"]
+    expected = eval_steps(step, cfg.steps, cfg.eval_every)
+    log_path, metrics_path = out / "log.jsonl", out / "metrics.json"
+    if not log_path.is_file() or log_path.stat().st_size < meta["log_bytes"]:
+        raise ValueError(f"{log_path}: missing or shorter than {CHECKPOINT} at step {step} "
+                         f"says; the run cannot continue exactly, pass --force to start over")
+    metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
+    if metrics_path.is_file():
+        metrics = read_json(metrics_path, "minialign metrics.json")
+    evals = [e for e in metrics.get("evals", []) if e["step"] in expected]
+    if [e["step"] for e in evals] != expected:
+        raise ValueError(f"{metrics_path}: lacks the evaluations at steps {expected} that "
+                         f"{CHECKPOINT} at step {step} comes after; pass --force to start over")
+    with open(log_path, "r+b") as log:
         log.truncate(meta["log_bytes"])
-    metrics = json.loads((out / "metrics.json").read_text())
-    metrics["evals"] = [e for e in metrics["evals"] if e["step"] <= step and e["step"] < steps]
-    atomic_write_json(out / "metrics.json", metrics)
-    for path in (out / "captions").glob("*_step*.npz"):
-        if int(path.stem.rsplit("_step", 1)[1]) > step:
+    metrics["evals"] = evals
+    if metrics_path.is_file():
+        atomic_write_json(metrics_path, metrics)
+    for path in (out / CAPTIONS_DIR).glob("*.npz"):
+        match = CAPTION_FILE.match(path.name)
+        if match and int(match.group(2)) > step:
             path.unlink()
     return metrics

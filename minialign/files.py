@@ -98,6 +98,17 @@ def atomic_savez(path, arrays):
         write_npz(f, arrays)
 
 
+def append_line(f, line):
+    """Append one line of text (a log row) to a file opened "ab" and flush it. A row cut short
+    by Ctrl-C or a full disk is cut away on resume (checkpoint.rewind_run_dir); an OSError is
+    re-raised with the file's name in front."""
+    try:
+        f.write((line + "\n").encode())
+        f.flush()
+    except OSError as err:
+        raise OSError(err.errno, f"{f.name}: cannot write ({err.strerror or err})") from err
+
+
 def remove_stale_temporaries(directory):
     """Delete the temporary files a killed writer left in `directory` (and its subfolders).
     Call it only while holding the directory's DirLock. Returns how many were removed."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import checkpoint, evaluate, train
 from .data import load_coco_captions
-from .files import atomic_write_json
+from .files import DirLock, atomic_write_json
 from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
 from .model import ModelConfig
 from .objectives import OBJECTIVES
@@ -39,7 +39,7 @@ OBJECTIVE_ORDER = ("good_views", "bad_views", "next_token")  # the replication's
 SEEDS = (0, 1, 2)
 LR_MIN, LR_MAX, LR_PER_DECADE = 1e-4, 1e-2, 2   # search grid 1e-4, 3.16e-4, ..., 1e-2
 MAX_EXTENSIONS = 2                               # grid points added beyond an edge, at most
-DIVERGED = "diverged.json"                       # marker of a run whose loss became NaN/Inf
+DIVERGED = checkpoint.DIVERGED                   # marker of a run whose loss became NaN/Inf
 LR_DIGITS = 3                                    # significant digits of a grid lr
 
 
@@ -93,10 +93,16 @@ def load_protocol(out):
     return Protocol(**json.loads((Path(out) / "protocol.json").read_text()))
 
 
+def holds_runs(out):
+    """Whether out/runs/ holds a run directory that has started (written its config.json)."""
+    return any(Path(out).glob("runs/*/config.json"))
+
+
 def save_protocol(out, protocol):
-    """Write out/protocol.json; if one exists, it must describe the same protocol."""
+    """Write out/protocol.json; if one exists and runs were made under it, it must describe
+    the same protocol (an `out` that holds no run may take another protocol)."""
     path, saved = Path(out) / "protocol.json", dataclasses.asdict(protocol)
-    if path.exists():
+    if path.exists() and holds_runs(out):
         old = json.loads(path.read_text())
         if old != json.loads(json.dumps(saved)):
             diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
@@ -201,11 +207,8 @@ def run_one(out, cfg, emb, tally, progress):
         try:
             metrics = train.train(cfg, run_dir, resume=True, progress=progress)
             tally["ms_per_step"].setdefault(cfg.objective, []).append(metrics["ms_per_step"])
-        except FloatingPointError as err:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(run_dir / DIVERGED, {"error": str(err)})
-            print(f"[replicate] {run_dir.name}: diverged ({err}); recorded, not retried",
-                  flush=True)
+        except train.Diverged as err:                    # train wrote diverged.json
+            print(f"[replicate] {run_dir.name}: {err}; not retried", flush=True)
     if needs_evaluation(run_dir, emb):
         evaluate.evaluate_run(run_dir, emb["data"])
     tally["pending"].discard(run_dir.name)
@@ -217,9 +220,15 @@ def replicate(protocol, out, emb=None, progress=None):
     ImageEmbeddings, or None to train text-only (the search then selects on paraphrase R@1).
     progress: train.train's. Returns {objective: lr_search result}."""
     out = Path(out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    save_protocol(out, protocol)
-    atomic_write_json(out / "environment.json", environment())
+    with DirLock(out):
+        (out / "runs").mkdir(exist_ok=True)
+        save_protocol(out, protocol)
+        atomic_write_json(out / "environment.json", environment())
+        return run_grid(protocol, out, emb, progress)
+
+
+def run_grid(protocol, out, emb, progress):
+    """replicate()'s body, in the locked results directory `out`."""
     emb = emb and {"data": emb, "sha256": sha256_file(emb.path)}
     seed_grid = [run_config(protocol, obj, seed) for seed in protocol.seeds
                  for obj in protocol.objectives]
@@ -351,9 +360,11 @@ def load_image_embeddings(args):
 
 
 def run_replicate(args):
-    """`python -m minialign replicate`: the grid, then results.md, results.json and figures."""
+    """`python -m minialign replicate`: the grid, then results.md, results.json and figures.
+    Every input (flags, captions, embeddings) is read and checked before --out is touched."""
     from . import report  # report reads what replicate writes (it imports this module)
     protocol = protocol_from_args(args)
+    train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
     emb = load_image_embeddings(args)
     t0 = time.perf_counter()
     replicate(protocol, args.out, emb)

@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import (CHECKPOINT, load_checkpoint, prepare_out_dir, rewind_run_dir, run_state,
-                         save_checkpoint)
-from .files import atomic_savez, atomic_write_json
+from .checkpoint import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, RUN_FORMAT, caption_file_name,
+                         check_replaceable, clear_run_dir, is_empty_run_dir, load_checkpoint,
+                         rewind_run_dir, run_state, save_checkpoint)
+from .files import (DirLock, append_line, atomic_savez, atomic_write_json, read_json,
+                    remove_stale_temporaries)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)
 from .metrics import collapse_stats, paraphrase_r_at_1
@@ -142,25 +144,62 @@ def save_caption_embeddings(path, slots, image_ids):
     atomic_savez(path, arrays)
 
 
+class Diverged(FloatingPointError):
+    """The loss or the gradient norm stopped being finite; the run directory's diverged.json
+    records the step and the values. The command line exits with EXIT_DIVERGED."""
+
+
+EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
+
+
 def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     """Run one training run and write the run directory `out`. Returns the final metrics dict.
     progress: True for a tqdm bar, False for plain lines, None to pick by whether stderr is a
-    terminal. resume: continue `out` from its checkpoint (run_state), or return its saved
-    metrics if it already finished. stop_after: return None after this many steps, as if the
-    process had been killed there (for tests of resuming). Raises FileNotFoundError /
-    ValueError for bad captions, FileExistsError for a non-empty `out` without force or
-    resume, ValueError for resuming a directory that holds another config."""
+    terminal. resume: continue `out` from whatever stage stopped (checkpoint.run_state), or
+    return its saved metrics if it already finished. force: replace `out` if it holds a run
+    and nothing else (checkpoint.check_replaceable). stop_after: return None after this many
+    steps, as if the process had been killed there (for tests of resuming).
+    Every input is checked before `out` is touched, and `out` is locked (files.DirLock) while
+    this runs. Raises FileNotFoundError / ValueError for bad captions or config, FileExistsError
+    for a non-empty `out` without force or resume (or with foreign files), ValueError for
+    resuming a directory that holds another config, files.DirLockedError when another
+    process holds `out`, Diverged when the loss stops being finite (now or in an earlier try)."""
     if force and resume:
         raise ValueError("pass force (start over) or resume (continue), not both")
-    found = run_state(out, cfg) if resume else "new"
-    if found == "finished":
-        print(f"[{cfg.objective}] {out}: already finished, skipped", flush=True)
-        return json.loads((Path(out) / "metrics.json").read_text())
+    out = Path(out)
+    if resume and run_state(out, cfg) in ("finished", "diverged"):
+        return finished_run(out, cfg)
     data = prepare(cfg)                          # bad input fails here, before `out` is touched
+    if force:
+        check_replaceable(out, inputs=[cfg.captions])
+    elif not resume and not is_empty_run_dir(out):
+        raise FileExistsError(f"{out}: directory exists and is not empty "
+                              "(pass --force to replace it, or --resume to continue it)")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
-    out = Path(out) if found == "checkpoint" else prepare_out_dir(out, force or found == "restart")
-    (out / "captions").mkdir(exist_ok=True)
+    with DirLock(out):                           # decided again, now that no one else can write
+        found = run_state(out, cfg) if resume else "new"
+        if found in ("finished", "diverged"):
+            return finished_run(out, cfg)
+        remove_stale_temporaries(out)
+        if found in ("new", "restart"):
+            clear_run_dir(out)
+        return run(cfg, out, data, found == "checkpoint", progress, stop_after)
+
+
+def finished_run(out, cfg):
+    """A resumed run that has nothing left to do: its metrics, or Diverged again."""
+    if (out / DIVERGED).is_file():
+        record = read_json(out / DIVERGED, "minialign diverged.json")
+        raise Diverged(f"{out / DIVERGED}: this run diverged earlier ({record.get('error')}); "
+                       f"not retried: lower --lr, or pass --force to start it over")
+    print(f"[{cfg.objective}] {out}: already finished, skipped", flush=True)
+    return read_json(out / "metrics.json", "minialign metrics.json")
+
+
+def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
+    """The training loop of train(), into the locked run directory `out`."""
+    (out / CAPTIONS_DIR).mkdir(exist_ok=True)
     keep_freed_memory()
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
@@ -173,15 +212,16 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
             "captions_truncated": data["n_truncated"],
             "photos": {k: len(v) for k, v in data["split"].items()},
             "caption_stats": data["captions"].stats}
-    if found == "checkpoint":
+    if from_checkpoint:
         meta = load_checkpoint(out / CHECKPOINT, params, state,
                                {"data": rng_data, "mask": rng_mask})
-        metrics = rewind_run_dir(out, meta, cfg.steps)
+        metrics = rewind_run_dir(out, meta, cfg)
         first_step, seconds_before = meta["step"], meta["seconds"]
         print(f"[{cfg.objective}] {out}: resuming from the checkpoint at step {first_step}",
               flush=True)
     else:
-        atomic_write_json(out / "config.json", {"config": dataclasses.asdict(cfg), "info": info})
+        atomic_write_json(out / "config.json", {"format": RUN_FORMAT,
+                                                "config": dataclasses.asdict(cfg), "info": info})
         metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
         first_step, seconds_before = 0, 0.0
     print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
@@ -194,7 +234,7 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
         splits = ("val", "test", "train") if final else ("val",)
         for split in splits:
             slots = embed_split(params, data["tables"][split], cfg.model, causal)
-            save_caption_embeddings(out / "captions" / f"{split}_step{step:05d}.npz", slots,
+            save_caption_embeddings(out / CAPTIONS_DIR / caption_file_name(split, step), slots,
                                     image_ids[data["tables"][split].photo_idx])
             if split != "train":
                 entry[split] = text_metrics(slots)
@@ -214,15 +254,16 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
             t0 = time.perf_counter()
             lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
             batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
-            loss, grads, stats = objective(params, batch, cfg, rng_mask)
-            if not np.isfinite(loss):
-                raise FloatingPointError(f"[{cfg.objective}] loss is {loss} at step {step}")
-            grad_norm = clip_grad_norm(grads, cfg.grad_clip)
+            with np.errstate(over="ignore", invalid="ignore"):    # divergence is checked below
+                loss, grads, stats = objective(params, batch, cfg, rng_mask)
+                grad_norm = clip_grad_norm(grads, cfg.grad_clip)
+            if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+                bar.close()
+                record_divergence(out, step + 1, loss, grad_norm, cfg.lr)
             adam_step(params, grads, state, lr, cfg.weight_decay)
             row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
                    "seconds": time.perf_counter() - t0}                   # wall time of this step
-            log.write((json.dumps(row) + "\n").encode())
-            log.flush()
+            append_line(log, json.dumps(row))
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.update(1)
             if not use_bar and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == first_step):
@@ -250,6 +291,15 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
           f"test {final['test']['paraphrase_R@1']:.3f} (chance {final['test']['chance']:.4f}); "
           f"test effective rank {final['test']['effective_rank']:.1f}", flush=True)
     return metrics
+
+
+def record_divergence(out, step, loss, grad_norm, lr):
+    """Write out/diverged.json and raise Diverged (one line: where, what, what to do)."""
+    error = f"loss {loss}, gradient norm {grad_norm} at step {step}"
+    atomic_write_json(out / DIVERGED, {"step": step, "loss": float(loss),
+                                       "grad_norm": float(grad_norm), "lr": lr, "error": error})
+    raise Diverged(f"{out}: diverged ({error}) at lr {lr:g}; recorded in {DIVERGED}. Lower --lr, "
+                   f"or pass --force to start over")
 
 
 def load_model(run_dir):

@@ -5,6 +5,7 @@ The grid: good_views and next_token x seeds 0, 1, 6 steps of a 1-block D = 16 en
 point per decade, one extension allowed). It is killed in its second run and run again.
 """
 import argparse
+import dataclasses
 import json
 import math
 
@@ -169,7 +170,8 @@ def test_missing_embeddings_stop_before_training(grid, tmp_path):
     parser = argparse.ArgumentParser()
     replicate.add_replicate_args(parser)
     args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),
-                              "--embeddings", str(tmp_path / "absent.npz")])
+                              "--embeddings", str(tmp_path / "absent.npz"),
+                              "--batch-photos", "16"])
     with pytest.raises(FileNotFoundError) as err:
         replicate.run_replicate(args)
     for text in ("absent.npz does not exist", "python -m minialign export",
@@ -187,18 +189,18 @@ def test_another_protocol_in_the_same_directory_is_refused(grid):
 def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch):
     protocol = tiny_protocol(grid["captions"], objectives=("good_views",), seeds=(0,),
                              lr_per_decade=0)
-    tries = []
+    protocol = dataclasses.replace(protocol, base=dataclasses.replace(protocol.base, lr=1e6))
+    tries, real_run = [], train.run
 
-    def diverges(cfg, run_dir, **kwargs):
-        tries.append(run_dir)
-        run_dir.mkdir(parents=True)
-        (run_dir / "config.json").write_text(json.dumps({"config": {
-            "objective": cfg.objective, "seed": cfg.seed, "lr": cfg.lr}}))
-        raise FloatingPointError("loss is nan at step 3")
-    monkeypatch.setattr(train, "train", diverges)
+    def counted_run(*args, **kwargs):
+        tries.append(args[1])
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(train, "run", counted_run)
     for _ in range(2):
         replicate.replicate(protocol, tmp_path, None, progress=False)
-    run = tmp_path / "runs" / "good_views-lr1.00e-03-seed0"
-    assert len(tries) == 1 and "nan" in json.loads((run / replicate.DIVERGED).read_text())["error"]
+    run = tmp_path / "runs" / "good_views-lr1.00e+06-seed0"
+    record = json.loads((run / replicate.DIVERGED).read_text())
+    assert len(tries) == 1 and record["lr"] == 1e6 and 1 <= record["step"] <= protocol.base.steps
+    assert not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"]))
     assert replicate.selection_score(run, "mutual_knn") == -math.inf
     assert report.run_numbers(run)["status"] == "diverged"
