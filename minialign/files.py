@@ -32,6 +32,14 @@ ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamp: the same arrays gi
 
 
 # ---------------------------------------------------------------- writing
+class FileError(OSError):
+    """An OSError whose message is one line starting with the file's path (str() gives that
+    line without Python's "[Errno N]" prefix); .errno is kept (ENOSPC for a full disk)."""
+
+    def __str__(self):
+        return self.strerror
+
+
 @contextlib.contextmanager
 def atomic_write(path):
     """Context manager yielding a binary file; on a clean exit its bytes replace `path`
@@ -50,7 +58,7 @@ def atomic_write(path):
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and not str(err).startswith(str(path)):
-            raise OSError(err.errno, f"{path}: cannot write ({err.strerror or err}); "
+            raise FileError(err.errno, f"{path}: cannot write ({err.strerror or err}); "
                                      f"the previous version, if any, is kept") from err
         raise
     fsync_dir(path.parent)
@@ -106,7 +114,7 @@ def append_line(f, line):
         f.write((line + "\n").encode())
         f.flush()
     except OSError as err:
-        raise OSError(err.errno, f"{f.name}: cannot write ({err.strerror or err})") from err
+        raise FileError(err.errno, f"{f.name}: cannot write ({err.strerror or err})") from err
 
 
 def remove_stale_temporaries(directory):
@@ -161,7 +169,7 @@ def load_npz(path, kind=".npz file"):
 
 
 # ---------------------------------------------------------------- one process per directory
-class DirLockedError(OSError):
+class DirLockedError(FileError):
     """Another live process holds the directory's lock."""
 
 

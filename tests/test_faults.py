@@ -1,0 +1,269 @@
+"""Fault injection: a tiny run interrupted at every write point, then rerun, ends bit-identical
+to a run never interrupted; a full disk keeps the last good checkpoint readable.
+
+Every place a run writes goes through os.fdopen (files.atomic_write's temporary file),
+os.fsync, os.replace, or train.append_line (log.jsonl). An Injector wraps them and raises at
+its k-th "event": inside a write (after half the bytes of the first write to a temporary
+file or of a log line), before an fsync, before or after a rename, after a log line. The test
+runs the same tiny run once per event k, interrupted there, resumes it, and compares every
+file with an uninterrupted run (wall-clock fields aside).
+"""
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minialign import checkpoint, files, synthetic, train
+from minialign.model import ModelConfig
+
+TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
+TIMED = {"seconds", "wall_seconds", "ms_per_step", "log_bytes"}   # wall clock, or its digits
+
+
+class Injector:
+    """Counts write events; raises `fault` at event number `at` (1-based; None: never).
+    labels: the events seen, e.g. "fsync", "replace-before:metrics.json", "log-inside"."""
+
+    def __init__(self, monkeypatch, at=None, fault=KeyboardInterrupt):
+        self.at, self.fault, self.labels = at, fault, []
+        real_fdopen, real_fsync, real_replace = os.fdopen, os.fsync, os.replace
+        real_append = train.append_line
+        injector = self
+
+        class Tmp:                        # the temporary file of files.atomic_write
+            def __init__(self, f):
+                self.f, self.first = f, True
+
+            def write(self, data):
+                if self.first:
+                    self.first = False
+                    injector.event("write-inside", lambda: self.f.write(bytes(data)[:len(data) // 2]))
+                return self.f.write(data)
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return self.f.__exit__(*exc)
+
+        def fdopen(fd, mode="r", *args, **kwargs):
+            f = real_fdopen(fd, mode, *args, **kwargs)
+            return Tmp(f) if "w" in mode else f
+
+        def fsync(fd):
+            self.event("fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync")
+            return real_fsync(fd)
+
+        def replace(src, dst):
+            self.event(f"replace-before:{Path(dst).name}")
+            real_replace(src, dst)
+            self.event(f"replace-after:{Path(dst).name}")
+
+        class Log:                        # log.jsonl, opened "ab" by train.run
+            def __init__(self, f):
+                self.f = f
+
+            def write(self, data):
+                injector.event("log-inside", lambda: (self.f.write(data[:len(data) // 2]),
+                                                      self.f.flush()))
+                return self.f.write(data)
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+        def append_line(f, line):
+            real_append(Log(f), line)
+            self.event("log-after")
+
+        monkeypatch.setattr(os, "fdopen", fdopen)
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(train, "append_line", append_line)
+
+    def event(self, label, partial=None):
+        self.labels.append(label)
+        if len(self.labels) == self.at:
+            if partial is not None:
+                partial()                 # half of the bytes reach the file, then the fault
+            if self.fault is KeyboardInterrupt:
+                raise KeyboardInterrupt
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    captions, _ = synthetic.write_world(root, n_scenes=120, seed=0)
+    return {"captions": captions, "root": root}
+
+
+def config(captions):
+    """bad_views draws from both generators; evaluations at 2 and 4, the final one at 5."""
+    return train.TrainConfig(objective="bad_views", captions=str(captions), steps=5,
+                             batch_photos=8, eval_every=2, warmup_steps=1, model=TINY)
+
+
+@pytest.fixture(scope="module")
+def reference(world, tmp_path_factory):
+    """One uninterrupted run, and the write events it went through."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        injector = Injector(mp)
+        train.train(config(world["captions"]), out, progress=False)
+    return {"out": out, "labels": injector.labels}
+
+
+def untimed(obj):
+    """A JSON value with every wall-clock field dropped, recursively."""
+    if isinstance(obj, dict):
+        return {k: untimed(v) for k, v in obj.items() if k not in TIMED}
+    if isinstance(obj, list):
+        return [untimed(v) for v in obj]
+    return obj
+
+
+def snapshot(out):
+    """Every file of a run directory, as comparable values (timing fields dropped)."""
+    snap = {}
+    for path in sorted(p for p in Path(out).rglob("*") if p.is_file()):
+        name = str(path.relative_to(out))
+        if path.suffix == ".npz":
+            arrays = files.load_npz(path)
+            if "state" in arrays:                                  # the checkpoint's JSON
+                arrays["state"] = untimed(json.loads(str(arrays["state"])))
+            snap[name] = {k: v if isinstance(v, dict) else (v.dtype.str, v.shape, v.tobytes())
+                          for k, v in arrays.items()}
+        elif path.suffix == ".jsonl":
+            snap[name] = [untimed(json.loads(line)) for line in path.read_text().splitlines()]
+        elif path.suffix == ".json":
+            snap[name] = untimed(json.loads(path.read_text()))
+        else:
+            snap[name] = None                                      # .lock: its holder differs
+    return snap
+
+
+def test_the_reference_run_passes_every_kind_of_write_point(reference):
+    kinds = {label.split(":")[0] for label in reference["labels"]}
+    assert kinds == {"write-inside", "fsync", "replace-before", "replace-after", "fsync-dir",
+                     "log-inside", "log-after"}
+    targets = {label.split(":")[1] for label in reference["labels"] if ":" in label}
+    assert targets == {"config.json", "metrics.json", "checkpoint.npz", "model.npz",
+                       "val_step00002.npz", "val_step00004.npz", "val_step00005.npz",
+                       "test_step00005.npz", "train_step00005.npz"}
+
+
+def test_interrupted_anywhere_then_rerun_is_bit_identical(world, reference, tmp_path,
+                                                          monkeypatch):
+    """Ctrl-C at every write event of the run, each time followed by `train --resume`."""
+    expected, cfg = snapshot(reference["out"]), config(world["captions"])
+    for k in range(1, len(reference["labels"]) + 1):
+        out = tmp_path / f"run{k}"
+        with pytest.MonkeyPatch.context() as mp:
+            Injector(mp, at=k)
+            with pytest.raises(KeyboardInterrupt):
+                train.train(cfg, out, progress=False)
+        assert not list(out.rglob(f"*{files.TMP_SUFFIX}")), reference["labels"][k - 1]
+        train.train(cfg, out, progress=False, resume=True)
+        assert snapshot(out) == expected, f"interrupted at event {k}: {reference['labels'][k - 1]}"
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_and_the_rerun_continues(world, reference,
+                                                                       tmp_path, capsys):
+    """ENOSPC at every data write and fsync: one error line naming the file, no temporary
+    left, the checkpoint on disk still loads, and the rerun (space freed) ends identical."""
+    expected, cfg = snapshot(reference["out"]), config(world["captions"])
+    points = [k for k, label in enumerate(reference["labels"], 1)
+              if label in ("write-inside", "fsync", "log-inside")]
+    assert len(points) > 20
+    for k in points:
+        out = tmp_path / f"run{k}"
+        with pytest.MonkeyPatch.context() as mp:
+            Injector(mp, at=k, fault=OSError)
+            with pytest.raises(OSError) as err:
+                train.train(cfg, out, progress=False)
+        assert err.value.errno == errno.ENOSPC
+        assert str(err.value).startswith(str(out)), str(err.value)
+        assert not list(out.rglob(f"*{files.TMP_SUFFIX}"))
+        if (out / checkpoint.CHECKPOINT).exists():
+            assert "state" in files.load_npz(out / checkpoint.CHECKPOINT)
+        train.train(cfg, out, progress=False, resume=True)
+        assert snapshot(out) == expected, f"disk full at event {k}"
+
+
+def test_temporaries_of_a_killed_writer_are_removed_on_resume(world, reference, tmp_path):
+    cfg, out = config(world["captions"]), tmp_path / "run"
+    assert train.train(cfg, out, progress=False, stop_after=3) is None
+    stale = out / f".checkpoint.npz.x1y2z3{files.TMP_SUFFIX}"       # as SIGKILL leaves it
+    stale.write_bytes(b"PK\x03\x04 half a zip")
+    train.train(cfg, out, progress=False, resume=True)
+    assert not stale.exists() and snapshot(out) == snapshot(reference["out"])
+
+
+def test_stopped_after_the_final_checkpoint_without_metrics_finishes(world, reference,
+                                                                     tmp_path, monkeypatch):
+    """Issue 8.2: steps <= eval_every, Ctrl-C during the final evaluation: checkpoint.npz but
+    no metrics.json. Resume (train and replicate both call train(resume=True)) finishes it."""
+    cfg = train.TrainConfig(**{**config(world["captions"]).__dict__, "eval_every": 10})
+    out, real_evaluate_split = tmp_path / "run", train.embed_split
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "embed_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(cfg, out, progress=False)
+    monkeypatch.setattr(train, "embed_split", real_evaluate_split)
+    assert (out / checkpoint.CHECKPOINT).exists() and not (out / "metrics.json").exists()
+    metrics = train.train(cfg, out, progress=False, resume=True)
+    assert metrics["final"]["val"]["paraphrase_R@1"] >= 0
+    assert [e["step"] for e in metrics["evals"]] == [cfg.steps]
+
+
+def test_a_truncated_checkpoint_is_one_line_naming_it(world, tmp_path):
+    cfg, out = config(world["captions"]), tmp_path / "run"
+    train.train(cfg, out, progress=False, stop_after=3)
+    path = out / checkpoint.CHECKPOINT
+    before = path.read_bytes()
+    path.write_bytes(before[:len(before) // 2])
+    with pytest.raises(ValueError) as err:
+        train.train(cfg, out, progress=False, resume=True)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+    assert (out / "log.jsonl").read_text().count("\n") == 3      # nothing was rewound
+
+
+LOCK_HOLDER = """
+import sys, time
+from minialign.files import DirLock
+lock = DirLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_process_is_refused_and_a_dead_holder_does_not_block(world, tmp_path):
+    cfg, out = config(world["captions"]), tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)],
+                              stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(files.DirLockedError) as err:
+            train.train(cfg, out, progress=False)
+        assert f"pid {holder.pid}" in str(err.value) and str(out) in str(err.value)
+        assert sorted(p.name for p in out.iterdir()) == [files.LOCK_FILE]   # nothing written
+    finally:
+        holder.kill()                                   # SIGKILL: no chance to clean up
+        holder.wait()
+    train.train(cfg, out, progress=False)               # the dead holder's lock is gone
+    assert (out / "metrics.json").exists()
