@@ -35,6 +35,7 @@ from .tokenizer import (VOCAB_KEY, build_tokenizer, pad_batch, tokenizer_from_ar
 
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: saved caption embeddings must fit
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
 
 
@@ -233,7 +234,11 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
         entry = {"step": step}
         splits = ("val", "test", "train") if final else ("val",)
         for split in splits:
-            slots = embed_split(params, data["tables"][split], cfg.model, causal)
+            with np.errstate(over="ignore", invalid="ignore"):
+                slots = embed_split(params, data["tables"][split], cfg.model, causal)
+            if not all(np.abs(z).max() < FLOAT16_MAX for _, z in slots.values()):  # NaN too
+                record_divergence(out, step, cfg.lr, f"{split} caption embeddings beyond "
+                                  f"float16's range (saved as float16) or not finite")
             save_caption_embeddings(out / CAPTIONS_DIR / caption_file_name(split, step), slots,
                                     image_ids[data["tables"][split].photo_idx])
             if split != "train":
@@ -259,7 +264,7 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
                 grad_norm = clip_grad_norm(grads, cfg.grad_clip)
             if not (np.isfinite(loss) and np.isfinite(grad_norm)):
                 bar.close()
-                record_divergence(out, step + 1, loss, grad_norm, cfg.lr)
+                record_divergence(out, step + 1, cfg.lr, f"loss {loss}, gradient norm {grad_norm}")
             adam_step(params, grads, state, lr, cfg.weight_decay)
             row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
                    "seconds": time.perf_counter() - t0}                   # wall time of this step
@@ -293,11 +298,11 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     return metrics
 
 
-def record_divergence(out, step, loss, grad_norm, lr):
-    """Write out/diverged.json and raise Diverged (one line: where, what, what to do)."""
-    error = f"loss {loss}, gradient norm {grad_norm} at step {step}"
-    atomic_write_json(out / DIVERGED, {"step": step, "loss": float(loss),
-                                       "grad_norm": float(grad_norm), "lr": lr, "error": error})
+def record_divergence(out, step, lr, what):
+    """Write out/diverged.json {"step", "lr", "error"} and raise Diverged (one line: where,
+    what, what to do). what: e.g. "loss nan, gradient norm nan"."""
+    error = f"{what} at step {step}"
+    atomic_write_json(out / DIVERGED, {"step": step, "lr": lr, "error": error})
     raise Diverged(f"{out}: diverged ({error}) at lr {lr:g}; recorded in {DIVERGED}. Lower --lr, "
                    f"or pass --force to start over")
 
