@@ -41,11 +41,11 @@ TO_ASCII_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\
 
 def clean_caption(s: str) -> str:
     """The caption cleaning used everywhere (loader, vocabulary, encode, embed_captions):
-    lowercase; Unicode NFC normalisation (unicodedata), so "cafe\u0301" (e + combining acute)
-    and "caf\u00e9" are one string; curly apostrophes and quotes -> ASCII (TO_ASCII_QUOTES);
+    lowercase; Unicode NFC normalisation (unicodedata), so "cafe\\u0301" (e + combining acute)
+    and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII (TO_ASCII_QUOTES);
     every run of whitespace (spaces, tabs, newlines, no-break spaces) -> one space, none at
     either end. Idempotent: clean_caption(clean_caption(s)) == clean_caption(s).
-    "A Dog\u2019s  bed\n" -> "a dog's bed"; " \n " -> "". Raises TypeError if s is not a str."""
+    "A Dog\\u2019s  bed\\n" -> "a dog's bed"; " \\n " -> "". Raises TypeError if s is not a str."""
     if not isinstance(s, str):
         raise TypeError(f"a caption must be a str, got {type(s).__name__}: {s!r}")
     s = unicodedata.normalize("NFC", s.lower())   # lower first: NFC of lowercase stays lowercase
