@@ -10,18 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from minialign.tokenizer import MAX_LEN, PAD, Tokenizer, encode_all
+from minialign.tokenizer import MAX_LEN, PAD, Tokenizer, clean_caption, encode_all, has_word
 
 SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
 MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
 SPLIT_DIVISOR = 5   # 5000 photos -> 3000/1000/1000, 10,000 -> 8000/1000/1000
 MIN_SPLIT = 3       # fewest photos any split may hold
-
-
-def clean_caption(s: str) -> str:
-    """Strip, collapse every run of whitespace (spaces, tabs, newlines) to one space, lowercase.
-    "A man  riding\\n a horse. " -> "a man riding a horse." """
-    return " ".join(s.split()).lower()
 
 
 # eq=False on array-holding dataclasses: == on arrays has no single truth value.
@@ -69,8 +63,10 @@ def _check_annotation(path: Path, i: int, ann) -> None:
 
 def load_coco_captions(path) -> Captions:
     """Read a COCO captions JSON (e.g. captions_val2017.json) into per-photo clean captions.
-    Captions are read in annotation-id order, cleaned (clean_caption), empty ones dropped,
-    repeats within a photo dropped (first kept); photos left with < 2 captions are dropped.
+    Captions are read in annotation-id order and cleaned (tokenizer.clean_caption: NFC,
+    ASCII quotes, single spaces, lowercase); captions left empty, or holding no word (no
+    letter or digit, e.g. " . ") are dropped, then repeats within a photo (first kept);
+    photos left with < 2 captions are dropped, so every kept photo has >= 2 captions.
     Raises FileNotFoundError (missing file) or ValueError (not JSON, not COCO format, or no
     photo with two distinct captions), each message starting with the path."""
     path = Path(path)
@@ -80,12 +76,14 @@ def load_coco_captions(path) -> Captions:
         _check_annotation(path, i, ann)
 
     by_photo: dict[int, list[str]] = {}
-    n_empty = n_duplicate = 0
+    n_empty = n_wordless = n_duplicate = 0
     for ann in sorted(annotations, key=lambda a: a["id"]):  # stable: file order breaks ties
         caption = clean_caption(ann["caption"])
         photo = by_photo.setdefault(ann["image_id"], [])
         if caption == "":
             n_empty += 1
+        elif not has_word(caption):
+            n_wordless += 1
         elif caption in photo:
             n_duplicate += 1
         else:
@@ -93,13 +91,14 @@ def load_coco_captions(path) -> Captions:
 
     kept_ids = sorted(i for i, caps in by_photo.items() if len(caps) >= 2)
     if not kept_ids:
-        raise ValueError(f"{path}: no photo has two distinct non-empty captions")
+        raise ValueError(f"{path}: no photo has two distinct captions with words")
     listed = {img.get("id") for img in data.get("images", []) if isinstance(img, dict)}
     stats = {
         "raw_images": len(data.get("images", [])),        # entries of the 'images' list
         "raw_annotations": len(annotations),              # captions in the file
         "raw_photos": len(by_photo),                      # distinct image_id among annotations
-        "empty_captions_dropped": n_empty,
+        "empty_captions_dropped": n_empty,                # nothing left after cleaning
+        "captions_without_words_dropped": n_wordless,     # not empty, but no letter or digit
         "duplicate_captions_dropped": n_duplicate,        # repeats after cleaning, per photo
         "photos_dropped_under_2_captions": len(by_photo) - len(kept_ids),
         "photos_not_in_images": len(set(by_photo) - listed),  # kept anyway, if >= 2 captions

@@ -1,4 +1,9 @@
-"""Word-level tokenizer: cleaned caption text <-> int32 token ids.
+"""Word-level tokenizer: caption text <-> int32 token ids, and the one caption cleaning.
+
+Cleaning (clean_caption) happens in exactly one function, defined here and applied on every
+path from text to tokens: the loader cleans each caption once (data.load_coco_captions), and
+build_tokenizer and Tokenizer.encode clean again (it is idempotent), so raw text passed to
+train.embed_captions tokenizes exactly like the training captions.
 
 Every caption becomes [BOS, w1, ..., wn, EOS]; batches are padded with PAD at the end.
 The vocabulary is built from the TRAINING captions only, so validation and test words the
@@ -6,6 +11,7 @@ model never saw map to UNK. It is saved next to the model weights in the same .n
 unicode array (no pickle).
 """
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -26,9 +32,34 @@ WORD_RE = re.compile(r"[\w']+|[^\w\s]")
 
 VOCAB_KEY = "tokenizer.vocab"  # array name inside the checkpoint .npz
 
+# Typographic apostrophes and quotes -> ASCII, so "dog’s" and "dog's" are one word.
+# U+2019 right single quote (the usual curly apostrophe), U+2018 left single quote,
+# U+02BC modifier letter apostrophe, U+2032 prime; U+201C / U+201D left / right double quote.
+TO_ASCII_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2032": "'",
+                                 "\u201c": '"', "\u201d": '"'})
+
+
+def clean_caption(s: str) -> str:
+    """The caption cleaning used everywhere (loader, vocabulary, encode, embed_captions):
+    lowercase; Unicode NFC normalisation (unicodedata), so "cafe\\u0301" (e + combining acute)
+    and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII (TO_ASCII_QUOTES);
+    every run of whitespace (spaces, tabs, newlines, no-break spaces) -> one space, none at
+    either end. Idempotent: clean_caption(clean_caption(s)) == clean_caption(s).
+    "A Dog\\u2019s  bed\\n" -> "a dog's bed"; " \\n " -> "". Raises TypeError if s is not a str."""
+    if not isinstance(s, str):
+        raise TypeError(f"a caption must be a str, got {type(s).__name__}: {s!r}")
+    s = unicodedata.normalize("NFC", s.lower())   # lower first: NFC of lowercase stays lowercase
+    return " ".join(s.translate(TO_ASCII_QUOTES).split())
+
+
+def has_word(caption: str) -> bool:
+    """True if the caption holds at least one letter or digit (a word, not only punctuation).
+    "a dog." -> True; " . ", "", "?!" -> False. The loader drops captions without a word."""
+    return any(ch.isalnum() for ch in caption)
+
 
 def split_words(caption: str) -> list[str]:
-    """Split an already cleaned (lowercased, single-spaced) caption into word tokens.
+    """Split an already cleaned (clean_caption) caption into word tokens; no cleaning here.
     "a man's bike, parked." -> ["a", "man's", "bike", ",", "parked", "."] (see WORD_RE)."""
     return WORD_RE.findall(caption)
 
@@ -58,12 +89,13 @@ class Tokenizer:
         return len(self.vocab)
 
     def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
-        """Cleaned caption -> ids (n,) int32 = [BOS, w1..wk, EOS], unknown words -> UNK.
+        """Caption -> ids (n,) int32 = [BOS, w1..wk, EOS], unknown words -> UNK. The caption
+        is cleaned first (clean_caption; a no-op on already cleaned text), so raw text works.
         n <= max_len: a longer caption keeps its first max_len - 1 tokens and ends with EOS
         (truncated=True). Raises ValueError if max_len < 2 (no room for BOS and EOS)."""
         if max_len < 2:
             raise ValueError(f"max_len must be >= 2 to hold BOS and EOS, got {max_len}")
-        words = [self.index.get(w, UNK) for w in split_words(caption)]
+        words = [self.index.get(w, UNK) for w in split_words(clean_caption(caption))]
         truncated = len(words) + 2 > max_len
         ids = [BOS] + words[:max_len - 2] + [EOS]
         return np.array(ids, dtype=np.int32), truncated
@@ -86,12 +118,13 @@ class Tokenizer:
 
 
 def build_tokenizer(captions: list[str], min_count: int = 1) -> Tokenizer:
-    """Vocabulary from cleaned TRAINING captions: SPECIALS, then every word seen at least
-    min_count times, by descending count, ties alphabetically (deterministic).
+    """Vocabulary from the TRAINING captions (each cleaned by clean_caption, a no-op on the
+    loader's already cleaned captions): SPECIALS, then every word seen at least min_count
+    times, by descending count, ties alphabetically (deterministic).
     Raises ValueError if min_count < 1."""
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
-    counts = Counter(w for caption in captions for w in split_words(caption))
+    counts = Counter(w for caption in captions for w in split_words(clean_caption(caption)))
     kept = [w for w, c in counts.items() if c >= min_count]
     kept.sort(key=lambda w: (-counts[w], w))
     return Tokenizer(vocab=SPECIALS + tuple(kept))

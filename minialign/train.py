@@ -86,15 +86,25 @@ def keep_freed_memory():
 
 def prepare(cfg):
     """Captions -> split -> tokenizer (train captions only) -> token tables per split.
-    Returns a dict with captions, split, tokenizer, tables {split: CaptionTable}, n_truncated."""
+    Checks here every precondition that can fail before step 1 (it runs before the run
+    directory is touched): the captions file (data.load_coco_captions), enough photos for the
+    split, 2 <= batch_photos <= train photos; val and test photos all have >= 2 captions (the
+    loader keeps no other photo), as the evaluation's paraphrase R@1 needs slots 0 and 1.
+    Returns a dict with captions, split, tokenizer, tables {split: CaptionTable}, n_truncated.
+    Raises FileNotFoundError / ValueError, each message one line starting with cfg.captions."""
     captions = load_coco_captions(cfg.captions)
-    split = split_photos(captions.image_ids, cfg.split_seed)
+    try:
+        split = split_photos(captions.image_ids, cfg.split_seed)
+    except ValueError as err:               # "11 photos cannot give ...": say which file
+        raise ValueError(f"{cfg.captions}: {err}") from None
     train_text = [c for i in split["train"] for c in captions.captions[i]]
     tok = build_tokenizer(train_text, cfg.min_count)
     tables, n_truncated = {}, 0
     for name, idx in split.items():
         tables[name], n = tokenize_photos(captions, idx, tok, cfg.model.max_len)
         n_truncated += n
+    for name in ("val", "test"):
+        assert tables[name].counts.min() >= 2, f"{cfg.captions}: a {name} photo has < 2 captions"
     if not 2 <= cfg.batch_photos <= len(split["train"]):
         raise ValueError(f"{cfg.captions}: batch_photos={cfg.batch_photos}, but the train split "
                          f"has {len(split['train'])} photos (need 2 <= batch_photos <= that)")
@@ -117,22 +127,28 @@ def embed(params, tokens, cfg, causal):
 
 
 def embed_split(params, table, cfg, causal):
-    """{slot: (photo rows (P_s,), z (P_s, D))} for caption slots 0..EVAL_SLOTS-1 of a split."""
+    """Embeddings of a split's captions, slot by slot: {s: (photos (P_s,) int64 table photo
+    indices, ascending; z (P_s, D) float32)} for s = 0 .. S-1, S = min(EVAL_SLOTS, most
+    captions of any photo of the table). Slot s holds the photos with more than s captions
+    (a photo without an s-th caption is absent from slot s); slots 0 and 1 hold every photo."""
+    n_slots = min(EVAL_SLOTS, int(table.counts.max()))
     slots = {}
-    for s in range(EVAL_SLOTS):
-        tokens, photos = eval_tokens(table, s)
-        if len(photos):
-            slots[s] = (photos, embed(params, tokens, cfg, causal))
+    for s in range(n_slots):
+        tokens, photos = eval_tokens(table, s)                  # (P_s, T), (P_s,); P_s >= 1
+        slots[s] = (photos, embed(params, tokens, cfg, causal))
     return slots
 
 
 def text_metrics(slots):
-    """Paraphrase R@1 (slot-0 caption as query, slot-1 caption of every photo as gallery;
-    chance 1 / P) and collapse diagnostics of the slot-0 embeddings."""
+    """Text-side metrics of one split. slots: {s: (photos (P_s,), z (P_s, D))} as from
+    embed_split, with slots 0 and 1 holding every photo. Returns a dict: "paraphrase_R@1"
+    (slot-0 caption as query, slot-1 caption of every photo as gallery), "chance" (1 / P),
+    "caption_slots" (how many slots were embedded, 2..EVAL_SLOTS), and collapse_stats of
+    the slot-0 embeddings ("std", "effective_rank", "collapsed", "collapse_std_threshold")."""
     (p0, z0), (p1, z1) = slots[0], slots[1]
     assert np.array_equal(p0, p1), "every photo has at least two captions"
     return {"paraphrase_R@1": paraphrase_r_at_1(z0, z1), "chance": 1.0 / len(p0),
-            **collapse_stats(z0)}
+            "caption_slots": len(slots), **collapse_stats(z0)}
 
 
 def save_caption_embeddings(path, slots, image_ids):
@@ -289,12 +305,22 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     bar.close()
     atomic_savez(out / "model.npz", {**params, **tokenizer_to_arrays(data["tokenizer"])})
     final = evaluate(cfg.steps, final=True)
-    metrics.update(final=final, wall_seconds=time.perf_counter() - t_start,
+    # collapse is silent in the losses and effective rank: name it (metrics.collapse_stats)
+    warnings = [f"[{cfg.objective}] {out}: {split} caption embeddings collapsed: per-dimension "
+                f"std {final[split]['std']:.2g} < threshold "
+                f"{final[split]['collapse_std_threshold']:.2g} (metrics.COLLAPSE_STD_FRACTION / "
+                f"sqrt(D)); its retrieval and alignment numbers mean little"
+                for split in ("val", "test") if final[split]["collapsed"]]
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    metrics.update(final=final, warnings=warnings, wall_seconds=time.perf_counter() - t_start,
                    ms_per_step=1000 * (time.perf_counter() - t_start) / max(1, cfg.steps))
     atomic_write_json(out / "metrics.json", metrics)
     print(f"[{cfg.objective}] done: val paraphrase R@1 {final['val']['paraphrase_R@1']:.3f}, "
           f"test {final['test']['paraphrase_R@1']:.3f} (chance {final['test']['chance']:.4f}); "
-          f"test effective rank {final['test']['effective_rank']:.1f}", flush=True)
+          f"test effective rank {final['test']['effective_rank']:.1f}, per-dim std "
+          f"{final['test']['std']:.3g} (collapse below "
+          f"{final['test']['collapse_std_threshold']:.3g})", flush=True)
     return metrics
 
 
@@ -322,8 +348,17 @@ def load_model(run_dir):
 
 
 def embed_captions(run_dir, captions):
-    """Caption embeddings z (N, D) float32 of any cleaned caption strings, by a finished run's
-    encoder, with the attention its objective trained (causal for next_token)."""
+    """Caption embeddings z (N, D) float32 of N caption strings, by a finished run's encoder,
+    with the attention its objective trained (causal for next_token). Raw text is fine:
+    Tokenizer.encode applies tokenizer.clean_caption, the cleaning the training captions had,
+    so "A Dog\\u2019s bed\\n" embeds exactly like "a dog's bed". Raises TypeError if captions
+    is a single str or holds a non-str, ValueError if it is empty, FileNotFoundError /
+    ValueError for a run directory that is not a finished run (load_model)."""
+    if isinstance(captions, str):
+        raise TypeError("captions must be a list of strings, got one str (wrap it: [caption])")
+    captions = list(captions)
+    if not captions:
+        raise ValueError("captions is empty: nothing to embed")
     params, tok, cfg = load_model(run_dir)
     tokens = pad_batch([tok.encode(c, cfg.model.max_len)[0] for c in captions])  # (N, T)
     return embed(params, tokens, cfg.model, CAUSAL[cfg.objective])

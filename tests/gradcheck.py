@@ -4,7 +4,14 @@ import numpy as np
 
 
 def numerical_grad(f, x, eps=1e-6):
-    """Central-difference d f() / d x; f reads x, which is nudged in place and restored."""
+    """Central-difference d f() / d x; f reads x, which is nudged in place and restored.
+    x: float64 ndarray (any shape); f: () -> float. Returns grad, same shape, float64.
+    Raises TypeError unless x is a float64 ndarray: in float32, x + 1e-6 rounds to a
+    neighbouring float32 (spacing ~1e-7 near 1) and the quotient can be off by 100%. x is
+    never upcast here, since f reads the caller's array in place: a copy would not be seen."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float64:
+        raise TypeError(f"gradient checks need a float64 ndarray, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}: build the inputs in float64")
     grad = np.zeros_like(x)
     for i in np.ndindex(x.shape):
         saved = x[i]

@@ -30,6 +30,37 @@ def test_clean_caption_real_quirks():
     assert clean_caption(" \n ") == ""
 
 
+def test_clean_caption_unicode_and_typographic_quotes():
+    # e + U+0301 combining acute (NFD, as some editors save it) -> U+00E9, the NFC form
+    assert clean_caption("Cafe\u0301 Table") == "caf\u00e9 table"
+    assert clean_caption("CAF\u00c9 table") == "caf\u00e9 table"
+    assert clean_caption("A Dog\u2019s bed\n") == "a dog's bed"
+    assert clean_caption("\u2018it\u02bcs\u2032 \u201cred\u201d") == "'it's' \"red\""
+    assert clean_caption("two\u00a0dogs\u2003 sit") == "two dogs sit"    # Unicode spaces
+    samples = ["Cafe\u0301", "\u0130stanbul", "A\u030a", "\u212bngstr\u00f6m", " \u201cHi\u201d "]
+    for s in samples:                                                   # idempotent
+        assert clean_caption(clean_caption(s)) == clean_caption(s)
+    with pytest.raises(TypeError, match="must be a str"):
+        clean_caption(None)
+
+
+def test_captions_without_words_are_dropped_and_counted(tmp_path):
+    data = {"annotations": [
+        ann(1, 1, "A dog."), ann(2, 1, " . "), ann(3, 1, "?!"), ann(4, 1, ""),
+        ann(5, 1, "A DOG\u2019s toy"), ann(6, 1, "a dog's toy"),        # equal after cleaning
+        ann(7, 2, "Cafe\u0301"), ann(8, 2, "caf\u00e9"), ann(9, 2, "a caf\u00e9 ..."),
+    ]}
+    caps = load_coco_captions(write_json(tmp_path / "caps.json", data))
+    assert caps.captions == (("a dog.", "a dog's toy"), ("caf\u00e9", "a caf\u00e9 ..."))
+    assert caps.stats["empty_captions_dropped"] == 1
+    assert caps.stats["captions_without_words_dropped"] == 2
+    assert caps.stats["duplicate_captions_dropped"] == 2
+    assert caps.stats["captions"] == 4
+    only_punctuation = {"annotations": [ann(1, 1, " . "), ann(2, 1, "!"), ann(3, 1, "a cat")]}
+    assert_error(write_json(tmp_path / "punct.json", only_punctuation), ValueError,
+                 "no photo has two distinct captions with words")
+
+
 def tiny_coco():
     """Photos 1-5 listed in images; captions on 1, 2, 3, 4 and unlisted photo 9."""
     annotations = [
@@ -40,6 +71,7 @@ def tiny_coco():
         ann(50, 3, "A cat."), ann(51, 3, "a cat. "), ann(52, 3, "   "),     # 1 distinct left
         ann(60, 9, "A bird."), ann(61, 9, "Two birds."),                     # not in images
         ann(70, 4, ""), ann(71, 4, "A red car"), ann(72, 4, "A car that is red "),
+        ann(73, 4, " - "),                                                    # no word
     ]
     return {"images": [{"id": i, "file_name": f"{i:012d}.jpg"} for i in range(1, 6)],
             "annotations": annotations}
@@ -57,8 +89,9 @@ def test_load_coco_captions_exact(tmp_path):
         ("a bird.", "two birds."),
     )
     assert caps.stats == {
-        "raw_images": 5, "raw_annotations": 18, "raw_photos": 5,
-        "empty_captions_dropped": 2, "duplicate_captions_dropped": 2,
+        "raw_images": 5, "raw_annotations": 19, "raw_photos": 5,
+        "empty_captions_dropped": 2, "captions_without_words_dropped": 1,
+        "duplicate_captions_dropped": 2,
         "photos_dropped_under_2_captions": 1, "photos_not_in_images": 1,
         "images_without_captions": 1, "photos": 4, "captions": 13, "max_captions_per_photo": 7,
     }
@@ -241,6 +274,7 @@ def test_real_file_counts(coco):
     assert coco.stats["duplicate_captions_dropped"] == 9
     assert coco.stats["captions"] == sum(len(c) for c in coco.captions) == 25_005
     assert coco.stats["empty_captions_dropped"] == coco.stats["photos_dropped_under_2_captions"] == 0
+    assert coco.stats["captions_without_words_dropped"] == 0      # every COCO caption has words
     assert min(len(c) for c in coco.captions) == 4 and coco.stats["max_captions_per_photo"] == 7
     assert all(c == clean_caption(c) for cs in coco.captions for c in cs)
 

@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from minialign.metrics import (collapse_stats, cosine_similarity, fit_rotation, knn_indices,
-                               l2_normalize, mutual_knn, paraphrase_r_at_1, prepare_for_rotation,
-                               procrustes_recall, recall_at_k, slot_metrics)
+from minialign.metrics import (COLLAPSE_STD_FRACTION, collapse_stats, cosine_similarity,
+                               fit_rotation, knn_indices, l2_normalize, mutual_knn,
+                               paraphrase_r_at_1, prepare_for_rotation, procrustes_recall,
+                               recall_at_k, slot_metrics)
 
 
 def random_semi_orthogonal(rng, d_in, d_out):
@@ -59,12 +60,33 @@ def test_paraphrase_r_at_1_exact():
 
 def test_collapse_stats_fully_collapsed():
     exact = np.tile([[2.0, 0.0, 0.0]], (6, 1))                               # (6, 3)
-    assert collapse_stats(exact) == {"std": 0.0, "effective_rank": 1.0}
+    assert collapse_stats(exact) == {"std": 0.0, "collapse_std_threshold": 0.1 / np.sqrt(3),
+                                     "collapsed": True, "effective_rank": 1.0}
     # a generic direction: the column means are only equal to the rows up to rounding
     generic = np.tile([[3.0, -1.0, 2.0, 0.7]], (7, 1)) * np.arange(1, 8)[:, None]  # (7, 4)
     stats = collapse_stats(generic)
     assert stats["std"] < 1e-15
-    assert stats["effective_rank"] == 1.0
+    assert stats["effective_rank"] == 1.0 and stats["collapsed"] is True
+
+
+def test_collapse_verdict_hand_computed():
+    """Rows (1, +a) and (1, -a): unit rows (1, +-a) / sqrt(1 + a^2). Per-dimension std:
+    0 and a / sqrt(1 + a^2), so std = a / (2 sqrt(1 + a^2)); the threshold for D = 2 is
+    0.1 / sqrt(2) = 0.0707. Centred, the rows are (0, +-a / sqrt(1 + a^2)): one direction."""
+    assert COLLAPSE_STD_FRACTION == 0.1
+    for a, collapsed in [(0.1, True), (0.2, False)]:      # std 0.04975 and 0.09806
+        stats = collapse_stats(np.array([[1.0, a], [1.0, -a]]))
+        assert abs(stats["std"] - a / (2 * np.sqrt(1 + a * a))) < 1e-15
+        assert stats["collapse_std_threshold"] == 0.1 / np.sqrt(2)
+        assert stats["collapsed"] is collapsed
+        assert abs(stats["effective_rank"] - 1.0) < 1e-12
+    # float32 input with a tiny spread: 400 rows around one direction in D = 16
+    rng = np.random.default_rng(0)
+    z = (np.ones(16) + 1e-3 * rng.standard_normal((400, 16))).astype(np.float32)  # (400, 16)
+    stats = collapse_stats(z)
+    assert stats["collapse_std_threshold"] == 0.1 / 4                      # 0.1 / sqrt(16)
+    assert stats["std"] < 1e-3 and stats["collapsed"] is True
+    assert stats["effective_rank"] > 10          # the rank alone would look healthy
 
 
 def test_collapse_stats_orthonormal_basis():
@@ -77,6 +99,7 @@ def test_collapse_stats_orthonormal_basis():
     assert abs(stats["std"] - np.sqrt(d - 1) / d) < 1e-15
     # centred: (I - 11^T/d) has d-1 singular values 1 and one 0 -> exp(log(d-1)) = d-1
     assert abs(stats["effective_rank"] - (d - 1)) < 1e-12
+    assert stats["collapsed"] is False and stats["collapse_std_threshold"] == 0.1 / np.sqrt(d)
     # any orthonormal basis has the same spectrum after centring
     q, _ = np.linalg.qr(rng.standard_normal((d, d)))                          # (d, d)
     assert abs(collapse_stats(q)["effective_rank"] - (d - 1)) < 1e-10
@@ -86,7 +109,7 @@ def test_collapse_stats_isotropic():
     d = 16
     z = np.random.default_rng(1).standard_normal((20000, d))                 # (20000, d)
     stats = collapse_stats(z)
-    assert abs(stats["std"] - 1 / np.sqrt(d)) < 0.005
+    assert abs(stats["std"] - 1 / np.sqrt(d)) < 0.005 and stats["collapsed"] is False
     assert d - 0.5 < stats["effective_rank"] <= d
 
 

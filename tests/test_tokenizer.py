@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from minialign.tokenizer import (BOS, EOS, MASK, MAX_LEN, PAD, SPECIALS, UNK, Tokenizer,
-                                 build_tokenizer, encode_all, pad_batch, split_words,
+                                 build_tokenizer, clean_caption, encode_all, has_word,
+                                 pad_batch, split_words,
                                  tokenizer_from_arrays, tokenizer_to_arrays)
 
 CORPUS = ["a dog runs.", "a cat, a dog.", "the dog's ball"]
@@ -48,6 +49,26 @@ def test_encode_decode_round_trip_and_unk():
     assert ids.tolist() == [BOS, 5, UNK, 12, EOS]
     assert tok.decode(ids) == "a <unk> runs"
     assert tok.encode("")[0].tolist() == [BOS, EOS]
+
+
+def test_encode_and_vocabulary_clean_raw_text():
+    tok = build_tokenizer(CORPUS)
+    # "the dog's ball" is ids [BOS, the 13, dog's 11, ball 9, EOS] whatever the raw form
+    for raw in ["the dog's ball", "The Dog\u2019s  BALL\n", " the dog\u02bcs ball\t"]:
+        assert tok.encode(raw)[0].tolist() == [BOS, 13, 11, 9, EOS], raw
+    # the vocabulary of raw captions is the vocabulary of their cleaned forms
+    raw_corpus = ["A Dog runs.", " a cat,  A DOG.", "The dog\u2019s ball\n"]
+    assert build_tokenizer(raw_corpus).vocab == SPECIALS + WORDS_MIN1
+    nfd = build_tokenizer(["un cafe\u0301", "un caf\u00e9"])           # one word, seen twice
+    assert nfd.vocab == SPECIALS + ("caf\u00e9", "un")
+    assert nfd.encode("Cafe\u0301")[0].tolist() == [BOS, 5, EOS]
+    assert nfd.encode("caf\u00e9")[0].tolist() == [BOS, 5, EOS]
+    assert clean_caption("Cafe\u0301") == "caf\u00e9"
+
+
+def test_has_word():
+    assert has_word("a dog.") and has_word("2") and has_word("caf\u00e9")
+    assert not has_word("") and not has_word(" . ") and not has_word("?! -")
 
 
 def test_decode_omits_pad_and_stops_at_eos():

@@ -69,3 +69,99 @@ def test_load_model_reproduces_the_saved_embeddings(world, tmp_path):
     np.testing.assert_allclose(z, saved["slot0_z"][:5].astype(np.float32), rtol=2e-3, atol=2e-3)
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model(tmp_path)
+
+
+# ------------------------------------------- photos with 2-3 captions; raw text (#4, #9)
+
+@pytest.fixture(scope="module")
+def few_captions_world(tmp_path_factory):
+    """The 200-scene synthetic world cut to 2 captions per photo (odd image ids: 3), and the
+    first caption of every photo whose id is a multiple of 3 ending in "near the dog's bed"."""
+    root = tmp_path_factory.mktemp("few")
+    captions, embeddings = write_world(root, n_scenes=200, seed=0)
+    doc = json.loads(open(captions).read())
+    kept, seen = [], {}
+    for a in sorted(doc["annotations"], key=lambda a: a["id"]):
+        k = seen.get(a["image_id"], 0)
+        if k < 2 + a["image_id"] % 2:
+            if k == 0 and a["image_id"] % 3 == 0:
+                a = {**a, "caption": a["caption"].rstrip(" .") + " near the dog's bed."}
+            kept.append(a)
+            seen[a["image_id"]] = k + 1
+    doc["annotations"] = kept
+    path = root / "few.json"
+    path.write_text(json.dumps(doc))
+    return path, embeddings
+
+
+def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, tmp_path):
+    from minialign.data import load_coco_captions
+    from minialign.embeddings import load_embeddings
+    from minialign.evaluate import evaluate_run, load_caption_slots
+    path, embeddings = few_captions_world
+    caps = load_coco_captions(path)
+    assert caps.stats["max_captions_per_photo"] == 3
+    assert {len(c) for c in caps.captions} == {2, 3}
+    cfg = TrainConfig(objective="good_views", captions=str(path), steps=4, batch_photos=16,
+                      warmup_steps=1, eval_every=2, model=SMALL)
+    metrics = train(cfg, tmp_path / "run", progress=False)
+    assert [e["step"] for e in metrics["evals"]] == [2, 4]
+    for entry in metrics["evals"]:
+        for split in set(entry) - {"step"}:
+            assert entry[split]["caption_slots"] == 3
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["test"][
+        "caption_slots"] == 3
+    # slot 2 holds exactly the test photos with a third caption (odd image ids)
+    slots = load_caption_slots(tmp_path / "run" / "captions" / "test_step00004.npz")
+    assert len(slots) == 3
+    assert np.array_equal(slots[0][0], slots[1][0])
+    assert np.array_equal(slots[2][0], slots[0][0][slots[0][0] % 2 == 1])
+    # evaluate.py scores such a run: text side alone, and against the image embeddings
+    text_only = evaluate_run(tmp_path / "run", None, write=False)
+    assert text_only["steps"][-1]["test"]["text"]["caption_slots"] == 3
+    assert text_only["steps"][-1]["test"]["text"]["paraphrase_R@1"] == pytest.approx(
+        metrics["final"]["test"]["paraphrase_R@1"], abs=0.05)          # float16 round trip
+    scored = evaluate_run(tmp_path / "run", load_embeddings(embeddings), write=False)
+    test = scored["steps"][-1]["test"]
+    assert len(test["mutual_knn"]["per_slot"]) == 3 and 0 <= test["mutual_knn"]["mean"] <= 1
+    assert test["photos"]["photos"] == len(slots[2][0])     # the photos that have all 3 slots
+
+
+def test_embed_captions_cleans_raw_text_like_training(few_captions_world, tmp_path):
+    path, _ = few_captions_world
+    cfg = TrainConfig(objective="good_views", captions=str(path), steps=2, batch_photos=16,
+                      warmup_steps=1, eval_every=2, model=SMALL)
+    train(cfg, tmp_path / "run", progress=False)
+    _, tok, _ = load_model(tmp_path / "run")
+    assert {"dog's", "bed", "near"} <= set(tok.vocab)
+    raw = tok.encode("A Dog\u2019s  Bed\n")[0]
+    assert raw.tolist() == tok.encode("a dog's bed")[0].tolist()
+    assert raw.tolist() == [2, tok.index["a"], tok.index["dog's"], tok.index["bed"], 3]  # no UNK
+    z = embed_captions(tmp_path / "run", ["A Dog\u2019s bed\n", "a dog's bed", "TWO cats"])
+    assert z.shape == (3, 32) and z.dtype == np.float32
+    # one batch: the same tokens in two rows, equal up to BLAS blocking (float32 rounding)
+    np.testing.assert_allclose(z[0], z[1], rtol=0, atol=1e-5)
+    assert np.abs(z[0] - z[2]).max() > 0.01
+    # alone, each is one identical forward pass: equal bit for bit
+    assert np.array_equal(embed_captions(tmp_path / "run", ["A Dog\u2019s bed\n"]),
+                          embed_captions(tmp_path / "run", ["a dog's bed"]))
+    with pytest.raises(TypeError, match="one str"):
+        embed_captions(tmp_path / "run", "a dog's bed")
+
+
+def test_prepare_split_error_names_the_file(tmp_path):
+    from minialign.train import prepare
+    path = tmp_path / "eleven.json"
+    path.write_text(json.dumps({"annotations": [
+        {"id": 2 * p + k, "image_id": p, "caption": f"photo {p} caption {k}"}
+        for p in range(11) for k in range(2)]}))
+    cfg = TrainConfig(captions=str(path), steps=2, batch_photos=2, warmup_steps=1, model=SMALL)
+    with pytest.raises(ValueError) as err:
+        prepare(cfg)
+    message = str(err.value)
+    assert message.startswith(f"{path}: 11 photos cannot give train/val/test = 7/2/2")
+    assert "\n" not in message
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="^" + str(path).replace(".", r"\.") + ": 11 photos"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()               # failed before the run dir was made
