@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import Batch, sample_batch
+from .flags import check_heads_divide_width, int_at_least, nonnegative_int, positive_int
 from .model import ModelConfig, init_params
 from .objectives import OBJECTIVES
 from .optim import adam_init, adam_step, clip_grad_norm
@@ -234,6 +235,7 @@ def print_row(r):
 
 def run_bench(args):
     """The `bench` command: one child per objective (or, with --only, be that child)."""
+    check_heads_divide_width(args)                  # refused before any child starts
     if not Path(args.captions).is_file():
         raise FileNotFoundError(f"{args.captions}: no such file (COCO captions JSON; pass "
                                 "--captions)")
@@ -263,28 +265,32 @@ def run_bench(args):
 
 
 def add_bench_args(p):
-    """The `bench` sub-command's options."""
+    """The `bench` sub-command's options. A value out of its range (flags.py) is argparse's
+    one-line error, exit code 2."""
     d = ModelConfig()
     p.add_argument("--captions", default=str(DEFAULT_CAPTIONS), help="COCO captions JSON")
-    p.add_argument("--steps", type=int, default=TIMED_STEPS, help="timed steps per objective")
-    p.add_argument("--warmup", type=int, default=WARMUP_STEPS, help="untimed steps first")
-    p.add_argument("--fixed-length", type=int, default=0, metavar="T",
+    p.add_argument("--steps", type=positive_int, default=TIMED_STEPS,
+                   help="timed steps per objective, >= 1")
+    p.add_argument("--warmup", type=nonnegative_int, default=WARMUP_STEPS,
+                   help="untimed steps first, >= 0")
+    p.add_argument("--fixed-length", type=nonnegative_int, default=0, metavar="T",
                    help=f"time {FIXED_CAPTIONS} captions of exactly T random word ids "
-                   "(no padding) instead of COCO batches; 0: COCO batches")
+                   f"(no padding, T in [1, {d.max_len}]) instead of COCO batches; 0: COCO batches")
     p.add_argument("--json", action="store_true", help="one JSON object per objective")
     p.add_argument("--unset-openblas-env", action="store_true",
                    help="run the children without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
     p.add_argument("--only", choices=sorted(OBJECTIVES),
                    help="benchmark one objective in this process (what each child runs)")
-    p.add_argument("--seed", type=int, default=0, help="init/batch/mask seed")
-    p.add_argument("--batch-photos", type=int, default=TrainConfig().batch_photos,
-                   help="photos per step, two captions each")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="init/batch/mask seed, >= 0")
+    p.add_argument("--batch-photos", type=int_at_least(2), default=TrainConfig().batch_photos,
+                   help="photos per step, two captions each, >= 2")
     for name in ("d_model", "n_layers", "n_heads", "mlp_ratio"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
-                       help="model size")
-    p.add_argument("--gemm-rows", type=int, default=GEMM_ROWS, help="rows of the peak GEMMs")
-    p.add_argument("--gemm-square", type=int, default=GEMM_SQUARE,
-                   help="size of the square peak GEMM")
+        p.add_argument("--" + name.replace("_", "-"), type=positive_int,
+                       default=getattr(d, name), help="model size, >= 1")
+    p.add_argument("--gemm-rows", type=positive_int, default=GEMM_ROWS,
+                   help="rows of the peak GEMMs, >= 1")
+    p.add_argument("--gemm-square", type=positive_int, default=GEMM_SQUARE,
+                   help="size of the square peak GEMM, >= 1")
 
 
 def main(argv=None):

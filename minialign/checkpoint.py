@@ -9,17 +9,15 @@ the times are in metrics.json). Imports only numpy: it knows a config only as a 
 """
 import dataclasses
 import json
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from .files import (LOCK_FILE, TMP_SUFFIX, atomic_savez, atomic_write_json, load_npz,
-                    read_json)
+from .files import (LOCK_FILE, TMP_SUFFIX, atomic_savez, atomic_write_json, check_run_format,
+                    load_npz, read_json)
 
 CHECKPOINT = "checkpoint.npz"  # the run's full state at its last evaluation step
-RUN_FORMAT = 1                 # config.json["format"]: a newer minialign may read older runs
 DIVERGED = "diverged.json"     # written when the loss (or a gradient) stopped being finite
 CAPTIONS_DIR = "captions"      # caption embeddings saved at evaluation steps
 CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")   # caption_file_name's names
@@ -128,7 +126,7 @@ def run_state(out, cfg):
             raise FileExistsError(f"{out}: not empty and holds no config.json, so it is not a "
                                   "run directory to resume; pick another --out")
         return "new"
-    diff = config_differences(read_config(out / "config.json"), cfg)
+    diff = config_differences(read_run_config(out), cfg)
     if diff:
         raise ValueError(f"{out}: holds a run of another config, so it cannot be resumed "
                          f"({'; '.join(diff)}); pick another directory or pass --force")
@@ -140,16 +138,19 @@ def run_state(out, cfg):
     return "checkpoint" if (out / CHECKPOINT).is_file() else "restart"
 
 
-def read_config(path):
-    """config.json["config"] of a run directory, as saved. Raises ValueError naming the file
-    if it is unreadable, lacks "config", or was written by a newer minialign."""
-    saved = read_json(path, "minialign config.json")
-    if saved.get("format", RUN_FORMAT) > RUN_FORMAT:
-        raise ValueError(f"{path}: written by a newer minialign (run format {saved['format']}, "
-                         f"this one reads {RUN_FORMAT}); upgrade minialign")
-    if not isinstance(saved.get("config"), dict):
-        raise ValueError(f"{path}: not a minialign config.json (no \"config\" object)")
-    return saved["config"]
+def read_run_config(run_dir):
+    """The "config" dict of run_dir/config.json (TrainConfig's fields, as train wrote them):
+    the one reader of that file. Raises FileNotFoundError / ValueError, one line starting
+    with the file: missing, empty, truncated, not a JSON object, written by a newer minialign
+    (files.check_run_format), or without a "config" object holding objective and seed."""
+    path = Path(run_dir) / "config.json"
+    saved = read_json(path, "run config (config.json)")
+    check_run_format(saved, path)
+    config = saved.get("config")
+    if not isinstance(config, dict) or not {"objective", "seed"} <= set(config):
+        raise ValueError(f"{path}: not a minialign run config (no \"config\" object with "
+                         f"objective and seed)")
+    return config
 
 
 def save_checkpoint(path, step, params, state, rngs, log_bytes, seconds):

@@ -5,12 +5,15 @@ Format (see embeddings/README.md), read with np.load(path, allow_pickle=False):
     embeddings  (N, D_img)    float32  row i is the DINOv2 embedding of photo image_ids[i]
     meta        ()            unicode  a JSON object: model, preprocessing, pooling, dtype,
                                        count (= N), dim (= D_img), captions_sha256, ...
+A file made by another tool with only image_ids (any integer dtype) and embeddings (float16,
+32 or 64) is read too, with a note on stderr: its meta is then NO_META (model unknown).
 Numpy only: this module never imports torch or transformers.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +22,9 @@ import numpy as np
 
 from .files import atomic_savez
 
-ARRAY_KEYS = ("image_ids", "embeddings", "meta")  # the three arrays in every file
+ARRAY_KEYS = ("image_ids", "embeddings", "meta")  # the three arrays of a file save_embeddings wrote
+REQUIRED_KEYS = ("image_ids", "embeddings")       # what a file from another tool must hold
+NO_META_MODEL = "unknown (no meta in file)"       # meta["model"] of a file without meta
 # meta keys the caller of save_embeddings must give; count, dim and dtype are filled in here
 CALLER_META_KEYS = ("model", "preprocessing", "pooling", "captions_sha256")
 META_KEYS = CALLER_META_KEYS + ("dtype", "count", "dim")  # meta keys every file must hold
@@ -102,9 +107,9 @@ def save_embeddings(path, image_ids, embeddings, meta, force=False):
 
 
 def read_npz(path):
-    """The three arrays of an .npz as a dict; ValueError naming the file if it is not a zip
-    archive (corrupt, truncated, a plain .npy), an entry is unreadable or holds pickled
-    objects, or one of ARRAY_KEYS is missing."""
+    """The arrays of ARRAY_KEYS in an .npz as a dict ("meta" only if the file has it);
+    ValueError naming the file if it is not a zip archive (corrupt, truncated, a plain .npy),
+    an entry is unreadable or holds pickled objects, or one of REQUIRED_KEYS is missing."""
     if not zipfile.is_zipfile(path):  # checked first: np.load would talk about pickles
         raise ValueError(f"{path}: not an .npz (zip) archive; corrupt, truncated, "
                          f"or not an embeddings file")
@@ -115,7 +120,7 @@ def read_npz(path):
             arrays = {k: npz[k] for k in ARRAY_KEYS if k in names}
     except unreadable as err:
         raise ValueError(f"{path}: cannot read the .npz (corrupt or truncated?): {err}") from err
-    missing = [k for k in ARRAY_KEYS if k not in arrays]
+    missing = [k for k in REQUIRED_KEYS if k not in arrays]
     if missing:
         raise ValueError(f"{path}: lacks arrays {missing} (has {names})")
     return arrays
@@ -141,17 +146,28 @@ def parse_meta(meta_array, path):
 def load_embeddings(path):
     """Read and check an embeddings file. Returns ImageEmbeddings with image_ids (N,) int64
     and embeddings (N, D_img) float32, both read-only.
+    A file without the meta entry (another tool's np.savez) is accepted with a note on
+    stderr; its meta is {"model": NO_META_MODEL, dtype, count, dim, the rest None}.
     Raises FileNotFoundError if path is absent; ValueError naming the file if it is not an
-    .npz, lacks arrays or meta keys, has wrong ranks or a non-float dtype, NaN/Inf rows,
-    duplicate ids, or a count, dim or dtype that disagrees with meta."""
+    .npz, lacks image_ids or embeddings, has a meta that is malformed or lacks keys, has
+    wrong ranks or a non-float dtype, NaN/Inf rows, duplicate ids, or a count, dim or dtype
+    that disagrees with meta."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such embeddings file (embeddings/README.md "
                                 f"says how to make it)")
     arrays = read_npz(path)
-    meta = parse_meta(arrays["meta"], path)
     image_ids, embeddings = arrays["image_ids"], arrays["embeddings"]
+    if "meta" in arrays:
+        meta = parse_meta(arrays["meta"], path)
     check_arrays(image_ids, embeddings, where=str(path))
+    if "meta" not in arrays:                     # made by another tool: say what is unknown
+        meta = {"model": NO_META_MODEL, "preprocessing": None, "pooling": None,
+                "captions_sha256": None, "dtype": embeddings.dtype.name,
+                "count": int(embeddings.shape[0]), "dim": int(embeddings.shape[1])}
+        print(f"note: {path}: has no meta entry (model, preprocessing unknown); using its "
+              f"{meta['count']} x {meta['dim']} {meta['dtype']} embeddings as float32",
+              file=sys.stderr)
     stored = {"dtype": embeddings.dtype.name, "count": embeddings.shape[0],
               "dim": embeddings.shape[1]}
     for key, value in stored.items():

@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write_json
+from .files import atomic_write_json, load_npz, read_json
 from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
 from .metrics import DEFAULT_KS, MUTUAL_KNN_K, mutual_knn, procrustes_recall, slot_metrics
+from .checkpoint import read_run_config
 from .train import text_metrics
 
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
@@ -76,13 +77,10 @@ def caption_files(run_dir):
 
 def load_caption_slots(path):
     """One saved caption file -> [(image_ids (P_s,) int64, z (P_s, D) float32) for s = 0, 1, ..].
-    Raises ValueError naming the file if it is unreadable, has fewer than 2 slots, or its arrays
-    disagree (ranks, row counts, widths, repeated ids)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-    except (OSError, ValueError, EOFError) as err:
-        raise ValueError(f"{path}: cannot read saved caption embeddings: {err}") from err
+    Raises ValueError, one line starting with the file, if it is unreadable (empty, truncated,
+    not an .npz: files.load_npz), has fewer than 2 slots, or its arrays disagree (ranks, row
+    counts, widths, repeated ids)."""
+    arrays = load_npz(path, "saved caption embeddings file (.npz)")
     slots = []
     while f"slot{len(slots)}_z" in arrays and f"slot{len(slots)}_image_ids" in arrays:
         s = len(slots)
@@ -185,7 +183,7 @@ def evaluate_run(run_dir, emb, write=True):
     Raises ValueError naming run_dir or a file for a bad run, a bad saved file, or image
     embeddings that miss the run's photos or are narrower than the captions."""
     run_dir = check_run_dir(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())["config"]
+    config = read_run_config(run_dir)
     files = caption_files(run_dir)
     loaded = {path: load_caption_slots(path) for by_split in files.values()
               for path in by_split.values()}
@@ -223,13 +221,18 @@ def evaluate_run(run_dir, emb, write=True):
     return result
 
 
-def write_image_alignment(run_dir, result):
-    """Set metrics.json["image_alignment"] = result less "run"; temporary file + os.replace."""
+def read_metrics(run_dir):
+    """run_dir/metrics.json as a dict ({} if absent). Raises ValueError, one line starting
+    with the file, if it is empty, truncated or not a JSON object (files.read_json)."""
     path = Path(run_dir) / "metrics.json"
-    try:
-        metrics = json.loads(path.read_text()) if path.exists() else {}
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from None
+    return read_json(path, "run metrics file (metrics.json)") if path.exists() else {}
+
+
+def write_image_alignment(run_dir, result):
+    """Set metrics.json["image_alignment"] = result less "run"; temporary file + os.replace.
+    Raises ValueError naming metrics.json (read_metrics) before writing anything."""
+    path = Path(run_dir) / "metrics.json"
+    metrics = read_metrics(run_dir)
     metrics["image_alignment"] = {key: v for key, v in result.items() if key != "run"}
     atomic_write_json(path, metrics)
 
@@ -312,7 +315,8 @@ def run_evaluate(args):
     --embeddings file that does not exist, ValueError for a bad run or a corrupt or
     mismatched embeddings file; omitting --embeddings only limits the output to the text side."""
     runs = [check_run_dir(r) for r in args.run]              # bad input fails before any work
-    config = json.loads((runs[0] / "config.json").read_text()).get("config", {})
+    configs = [read_run_config(r) for r in runs]              # each config.json, checked
+    config = configs[0]
     captions = config.get("captions") or "<captions>"       # for the export command we print
     emb = note = None
     if args.embeddings is not None:
@@ -320,6 +324,9 @@ def run_evaluate(args):
         emb = load_embeddings(args.embeddings)
     else:
         note = missing_embeddings_note(captions)
+    if emb is not None:                                      # a bad metrics.json: before work
+        for run_dir in runs:
+            read_metrics(run_dir)
     results = [evaluate_run(r, emb, write=False) for r in runs]
     if emb is not None:                                      # every run scored: now write
         for run_dir, result in zip(runs, results):

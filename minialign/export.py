@@ -15,7 +15,8 @@ transformers 5.24.0, models/dinov2/modeling_dinov2.py, Dinov2Model.forward:
 from __future__ import annotations
 
 import enum
-import json
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from minialign.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign.files import read_json
+from minialign.flags import nonnegative_int, positive_int
 
 DEFAULT_MODEL = "facebook/dinov2-base"  # ViT-B/14 with D_img = 768 (Oquab et al. 2023)
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"
@@ -40,6 +43,7 @@ PREPROCESSING_KEYS = ("do_convert_rgb", "do_resize", "size", "resample", "do_cen
 MODEL_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
                      "patch_size", "image_size", "layer_norm_eps")
 NUM_EXAMPLES = 5                        # file names quoted in error messages
+PLAIN_PROGRESS_LINES = 10               # without a terminal: a line per ~10% (and the first batch)
 # one install advice, the same here, in tests/test_export.py and in embeddings/README.md
 INSTALL_ADVICE = ("with internet: pip install torch --index-url "
                   "https://download.pytorch.org/whl/cpu (CPU build, ~190 MB) BEFORE "
@@ -52,8 +56,7 @@ def read_captioned_photos(captions_path):
     """The photos of a COCO captions JSON that have at least one caption.
     Returns a list of (image_id, file_name), sorted by image_id.
     Raises ValueError naming the file if it lacks `images`/`annotations` or has no photo."""
-    with open(captions_path, encoding="utf-8") as f:
-        coco = json.load(f)
+    coco = read_json(captions_path, "COCO captions JSON")
     try:
         captioned = {int(a["image_id"]) for a in coco["annotations"]}
         photos = sorted((int(image["id"]), str(image["file_name"])) for image in coco["images"]
@@ -178,14 +181,32 @@ def embed_images(model, processor, images, device):
     return cls.float().cpu().numpy()
 
 
+def plain_progress_due(before, after, total, lines=PLAIN_PROGRESS_LINES):
+    """Whether a plain progress line is due after the count went from `before` to `after`
+    of `total`: after the first batch, and each time the count crosses a multiple of
+    total / lines (so about `lines` lines in all, the last one at total)."""
+    return before == 0 or after * lines // total > before * lines // total
+
+
+def plain_progress_line(desc, done, total, seconds):
+    """One progress line without carriage returns, for a log file: count, percent, img/s
+    and the estimated minutes left, e.g. "export m: 50/100 images (50%), 2.5 img/s, eta 0.3 min"."""
+    rate = done / seconds if seconds > 0 else float("inf")
+    eta = (total - done) / rate / 60 if rate > 0 else float("inf")
+    return (f"{desc}: {done}/{total} images ({100 * done // total}%), {rate:.1f} img/s, "
+            f"eta {eta:.1f} min")
+
+
 def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MODEL,
                       batch_size=32, device="cpu", num_photos=None, seed=0, model=None,
-                      processor=None, force=False):
+                      processor=None, force=False, progress=None):
     """Embed every captioned photo of a COCO captions JSON with a frozen DINOv2 and write
     out_path (format: minialign/embeddings.py) via save_embeddings.
     captions_path: COCO captions JSON; images_dir: folder holding its `file_name`s.
     num_photos, seed: optional subset (choose_photos). model, processor: a Dinov2Model and
-    an image processor to use instead of loading from_pretrained(model_name).
+    an image processor to use instead of loading from_pretrained(model_name). progress: True
+    for a tqdm bar on stderr, False for plain lines on stderr (plain_progress_line, about one
+    per 10%: no carriage returns in a log file), None to pick by whether stderr is a terminal.
     Returns the written file loaded back as ImageEmbeddings: image_ids (N,) sorted int64,
     embeddings (N, D_img) float32. Raises FileExistsError (out_path exists, not force),
     FileNotFoundError (image files missing), ValueError (an image does not decode; nothing
@@ -203,12 +224,18 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
     if not isinstance(model, transformers.Dinov2Model):
         raise TypeError(f"model must be a transformers Dinov2Model, got {type(model).__name__}")
     model = model.to(device).eval()
-    rows = []
-    with tqdm(total=len(paths), unit="img", desc=f"export {model_name}") as progress:
+    rows, desc = [], f"export {model_name}"
+    use_bar = sys.stderr.isatty() if progress is None else progress
+    t0 = time.perf_counter()
+    with tqdm(total=len(paths), unit="img", desc=desc, disable=not use_bar) as bar:
         for start in range(0, len(paths), batch_size):
             images = [load_rgb(p) for p in paths[start:start + batch_size]]
             rows.append(embed_images(model, processor, images, device))  # (b, D_img)
-            progress.update(len(images))
+            bar.update(len(images))
+            done = start + len(images)
+            if not use_bar and plain_progress_due(start, done, len(paths)):
+                print(plain_progress_line(desc, done, len(paths), time.perf_counter() - t0),
+                      file=sys.stderr, flush=True)
     embeddings = np.concatenate(rows)                                     # (N, D_img)
     config = model.config.to_dict()
     meta = {"model": model_name,
@@ -237,12 +264,13 @@ def add_export_args(parser):
                         help=f"Hugging Face DINOv2 name or local folder (default {DEFAULT_MODEL})")
     parser.add_argument("--out", type=Path, required=True,
                         help="output .npz, e.g. embeddings/coco_val2017_dinov2-base.npz")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass, >= 1")
     parser.add_argument("--device", default="cpu",
                         help="torch device: cpu, cuda (needs a CUDA build of torch), mps")
-    parser.add_argument("--num-photos", type=int, default=None,
+    parser.add_argument("--num-photos", type=positive_int, default=None,
                         help="embed a seeded random subset of this many captioned photos")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --num-photos subset")
+    parser.add_argument("--seed", type=nonnegative_int, default=0,
+                        help="seed of the --num-photos subset, >= 0")
     parser.add_argument("--force", action="store_true", help="replace an existing --out file")
     return parser
 

@@ -16,9 +16,10 @@ from .layers import (attention_groups, embedding_backward, embedding_forward, ge
                      gelu_forward, layernorm_backward, layernorm_forward, linear_backward,
                      linear_forward, mean_pool_backward, mean_pool_forward, mha_backward,
                      mha_forward)
-from .tokenizer import PAD
+from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
+MIN_MAX_LEN = 3  # the shortest max_len that holds BOS, one word and EOS (tokenizer.encode)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,12 @@ class ModelConfig:
     mlp_ratio: int = 4          # F = mlp_ratio * D
 
     def __post_init__(self):
+        """Raises ValueError naming the field and its valid range."""
+        for name, low in (("vocab_size", len(SPECIALS)), ("max_len", MIN_MAX_LEN),
+                          ("d_model", 1), ("n_layers", 1), ("n_heads", 1), ("mlp_ratio", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"ModelConfig: {name}={value!r} must be an integer >= {low}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 

@@ -30,8 +30,10 @@ import numpy as np
 
 from . import checkpoint, evaluate, train
 from .data import load_coco_captions
-from .files import DirLock, atomic_write_json
+from .files import DirLock, atomic_write_json, read_json
 from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
+from .flags import (UniqueList, check_heads_divide_width, int_at_least, nonnegative_int,
+                    positive_float, positive_int)
 from .model import ModelConfig
 from .objectives import OBJECTIVES
 
@@ -41,6 +43,7 @@ LR_MIN, LR_MAX, LR_PER_DECADE = 1e-4, 1e-2, 2   # search grid 1e-4, 3.16e-4, ...
 MAX_EXTENSIONS = 2                               # grid points added beyond an edge, at most
 DIVERGED = checkpoint.DIVERGED                   # marker of a run whose loss became NaN/Inf
 LR_DIGITS = 3                                    # significant digits of a grid lr
+METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +92,15 @@ def run_name(cfg):
 
 
 def load_protocol(out):
-    """The Protocol saved in out/protocol.json."""
-    return Protocol(**json.loads((Path(out) / "protocol.json").read_text()))
+    """The Protocol saved in out/protocol.json. Raises FileNotFoundError / ValueError, one
+    line starting with the file: missing, empty, truncated, not a JSON object, or not a
+    protocol of this minialign."""
+    path = Path(out) / "protocol.json"
+    saved = read_json(path, "replicate protocol (protocol.json)")
+    try:
+        return Protocol(**saved)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: not a protocol of this minialign ({err})") from None
 
 
 def holds_runs(out):
@@ -103,7 +113,7 @@ def save_protocol(out, protocol):
     the same protocol (an `out` that holds no run may take another protocol)."""
     path, saved = Path(out) / "protocol.json", dataclasses.asdict(protocol)
     if path.exists() and holds_runs(out):
-        old = json.loads(path.read_text())
+        old = read_json(path, "replicate protocol (protocol.json)")
         if old != json.loads(json.dumps(saved)):
             diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
             raise ValueError(f"{out}: holds results of another protocol (differs in "
@@ -153,7 +163,7 @@ def selection_score(run_dir, metric):
     if (run_dir / DIVERGED).exists():
         return -math.inf
     path = run_dir / "metrics.json"
-    metrics = json.loads(path.read_text()) if path.exists() else {}
+    metrics = read_json(path, METRICS_KIND) if path.exists() else {}
     if "final" not in metrics:
         return None
     if metric == "paraphrase_R@1":
@@ -239,7 +249,7 @@ def run_grid(protocol, out, emb, progress):
     tally = {"done": 0, "total": len(planned), "pending": set(planned), "ms_per_step": {}}
     for name in sorted(planned):
         path = out / "runs" / name / "metrics.json"
-        metrics = json.loads(path.read_text()) if path.exists() else {}
+        metrics = read_json(path, METRICS_KIND) if path.exists() else {}
         if "ms_per_step" in metrics:                       # measured in an earlier session
             tally["ms_per_step"].setdefault(metrics["objective"], []).append(
                 metrics["ms_per_step"])
@@ -273,7 +283,7 @@ def needs_evaluation(run_dir, emb):
     path = Path(run_dir) / "metrics.json"
     if emb is None or (Path(run_dir) / DIVERGED).exists() or not path.exists():
         return False
-    scored = json.loads(path.read_text()).get("image_alignment", {}).get("embeddings") or {}
+    scored = read_json(path, METRICS_KIND).get("image_alignment", {}).get("embeddings") or {}
     return scored.get("sha256") != emb["sha256"]
 
 
@@ -281,7 +291,7 @@ def train_finished(run_dir):
     """Whether a run directory holds a finished (or diverged) run."""
     path = Path(run_dir) / "metrics.json"
     return (Path(run_dir) / DIVERGED).exists() or (
-        path.exists() and "final" in json.loads(path.read_text()))
+        path.exists() and "final" in read_json(path, METRICS_KIND))
 
 
 def missing_embeddings_message(path, captions):
@@ -299,7 +309,9 @@ def missing_embeddings_message(path, captions):
 
 
 def add_replicate_args(p):
-    """The `replicate` sub-command's options."""
+    """The `replicate` sub-command's options. A value out of its range (flags.py) or a seed
+    or objective given twice is argparse's one-line error, exit code 2, before anything is
+    written."""
     d = train.TrainConfig()
     p.add_argument("--captions", required=True, help="COCO captions JSON")
     p.add_argument("--embeddings", default=evaluate.DEFAULT_EMBEDDINGS,
@@ -307,37 +319,47 @@ def add_replicate_args(p):
     p.add_argument("--image-eval", choices=("on", "off"), default="on",
                    help="off: train text-only when the embeddings do not exist yet")
     p.add_argument("--out", required=True, help="results directory, e.g. results/coco")
-    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVE_ORDER),
-                   choices=sorted(OBJECTIVES), help="objectives, in table order")
-    p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS),
-                   help="seeds of the seed grid; the first one also runs the lr search")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per run")
-    p.add_argument("--batch-photos", type=int, default=d.batch_photos,
-                   help="photos per step, two captions each")
-    p.add_argument("--lr", type=float, default=d.lr, help="the shared lr of the seed grid")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVE_ORDER), action=UniqueList,
+                   choices=sorted(OBJECTIVES), help="objectives, in table order, each once")
+    p.add_argument("--seeds", nargs="+", type=nonnegative_int, default=list(SEEDS),
+                   action=UniqueList, help="seeds of the seed grid, each once, >= 0; the first "
+                   "one also runs the lr search")
+    p.add_argument("--steps", type=positive_int, default=d.steps, help="optimizer steps per run")
+    p.add_argument("--batch-photos", type=int_at_least(2), default=d.batch_photos,
+                   help="photos per step, two captions each, >= 2")
+    p.add_argument("--lr", type=positive_float, default=d.lr,
+                   help="the shared lr of the seed grid, > 0")
+    p.add_argument("--warmup-steps", type=nonnegative_int, default=d.warmup_steps,
                    help="linear warm-up steps before the cosine decay")
-    p.add_argument("--eval-every", type=int, default=d.eval_every,
-                   help="evaluation and checkpoint interval, in steps")
+    p.add_argument("--eval-every", type=positive_int, default=d.eval_every,
+                   help="evaluation and checkpoint interval, in steps, >= 1")
     p.add_argument("--lr-search", choices=("on", "off"), default="on",
                    help="the per-objective lr search on the first seed")
-    p.add_argument("--lr-min", type=float, default=LR_MIN, help="search grid's lowest lr")
-    p.add_argument("--lr-max", type=float, default=LR_MAX, help="search grid's highest lr")
-    p.add_argument("--lr-per-decade", type=int, default=LR_PER_DECADE,
-                   help="search grid points per factor of 10")
-    p.add_argument("--max-extensions", type=int, default=MAX_EXTENSIONS,
-                   help="grid points the search may add beyond an edge")
+    p.add_argument("--lr-min", type=positive_float, default=LR_MIN,
+                   help="search grid's lowest lr, > 0")
+    p.add_argument("--lr-max", type=positive_float, default=LR_MAX,
+                   help="search grid's highest lr, > --lr-min")
+    p.add_argument("--lr-per-decade", type=positive_int, default=LR_PER_DECADE,
+                   help="search grid points per factor of 10, >= 1")
+    p.add_argument("--max-extensions", type=nonnegative_int, default=MAX_EXTENSIONS,
+                   help="grid points the search may add beyond an edge, >= 0")
     for name in ("d_model", "n_layers", "n_heads"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d.model, name),
-                       help="model size")
+        p.add_argument("--" + name.replace("_", "-"), type=positive_int,
+                       default=getattr(d.model, name), help="model size, >= 1")
 
 
 def protocol_from_args(args):
+    """The Protocol of parsed add_replicate_args options. Raises ValueError for values that
+    disagree with each other (d_model % n_heads, --lr-max <= --lr-min with the search on)."""
+    check_heads_divide_width(args)
     base = train.TrainConfig(captions=args.captions, steps=args.steps, lr=args.lr,
                              batch_photos=args.batch_photos, warmup_steps=args.warmup_steps,
                              eval_every=args.eval_every,
                              model=ModelConfig(d_model=args.d_model, n_layers=args.n_layers,
                                                n_heads=args.n_heads))
+    if args.lr_search == "on" and args.lr_max <= args.lr_min:
+        raise ValueError(f"--lr-max {args.lr_max:g} must be greater than --lr-min "
+                         f"{args.lr_min:g} (or pass --lr-search off)")
     return Protocol(base=base, objectives=args.objectives, seeds=args.seeds,
                     lr_min=args.lr_min, lr_max=args.lr_max,
                     lr_per_decade=args.lr_per_decade if args.lr_search == "on" else 0,

@@ -14,15 +14,15 @@ embeddings) and rewrites, in the same directory:
 Without image alignment the image columns read "pending" and the figures use the text-side
 metric (paraphrase R@1), saying so in their titles. Same runs -> same bytes of results.md.
 """
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from . import replicate
-from .files import atomic_write_bytes, atomic_write_json
+from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
+from .checkpoint import read_run_config
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "mutual_knn_lr_search": 0.328},
@@ -40,9 +40,9 @@ def run_numbers(run_dir):
     "chance": same keys, "curve": {"step": [...], "paraphrase_R@1": [...] [, "mutual_knn"]}
     (val split, every evaluation), "wall_seconds"}."""
     run_dir = Path(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())["config"]
+    config = read_run_config(run_dir)                     # one-line errors naming the file
     path = run_dir / "metrics.json"
-    metrics = json.loads(path.read_text()) if path.exists() else {}
+    metrics = read_json(path, replicate.METRICS_KIND) if path.exists() else {}
     out = {"name": run_dir.name, "objective": config["objective"], "seed": config["seed"],
            "lr": config["lr"], "status": "unfinished", "test": {}, "chance": {}, "curve": {},
            "wall_seconds": metrics.get("wall_seconds", 0.0)}
@@ -113,8 +113,10 @@ def collect(out):
         searches[obj] = {**search, "test": chosen["test"] if chosen else None,
                          "scores": [None if s is None else float(s) if math.isfinite(s)
                                     else "diverged" for s in search["scores"]]}
-    return {"dataset": out.name, "protocol": json.loads((out / "protocol.json").read_text()),
-            "environment": json.loads(env_path.read_text()) if env_path.exists() else None,
+    return {"dataset": out.name,
+            "protocol": read_json(out / "protocol.json", "replicate protocol (protocol.json)"),
+            "environment": read_json(env_path, "machine description (environment.json)")
+            if env_path.exists() else None,
             "image": image, "metric": metric, "embeddings_models": models,
             "comparable": image and all("dinov2" in m.lower() and "synthetic" not in m.lower()
                                         for m in models),

@@ -19,15 +19,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, RUN_FORMAT, caption_file_name,
+from .checkpoint import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, caption_file_name,
                          check_replaceable, clear_run_dir, is_empty_run_dir, load_checkpoint,
-                         rewind_run_dir, run_state, save_checkpoint)
-from .files import (DirLock, append_line, atomic_savez, atomic_write_json, read_json,
-                    remove_stale_temporaries)
+                         read_run_config, rewind_run_dir, run_state, save_checkpoint)
+from .files import (RUN_FORMAT, DirLock, append_line, atomic_savez, atomic_write_json,
+                    load_npz, read_json, remove_stale_temporaries)
+from .flags import (check_heads_divide_width, fraction_in_0_1, int_at_least, nonnegative_float,
+                    nonnegative_int, positive_float, positive_int)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)
 from .metrics import collapse_stats, paraphrase_r_at_1
-from .model import ModelConfig, encode, init_params, param_count
+from .model import MIN_MAX_LEN, ModelConfig, encode, init_params, param_count
 from .objectives import CAUSAL, OBJECTIVES
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 from .tokenizer import (VOCAB_KEY, build_tokenizer, pad_batch, tokenizer_from_arrays,
@@ -64,11 +66,29 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
 
     def __post_init__(self):
+        """Raises ValueError naming the field and its valid range (the same ranges the
+        command line's flags.py types enforce); ModelConfig checks the model's fields."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", ModelConfig(**self.model))
+        for name, low in (("steps", 1), ("batch_photos", 2), ("warmup_steps", 0),
+                          ("eval_every", 1), ("min_count", 1), ("seed", 0), ("split_seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"TrainConfig: {name}={value!r} must be an integer >= {low}")
+        positive, nonnegative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
+        for name, (ok, allowed) in {"lr": positive, "grad_clip": positive,
+                                    "weight_decay": nonnegative, "sim_weight": nonnegative,
+                                    "var_weight": nonnegative, "cov_weight": nonnegative,
+                                    "anticollapse_weight": nonnegative,
+                                    "mask_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
+                                    "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]")}.items():
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
+                    or not np.isfinite(value) or not ok(value)):
+                raise ValueError(f"TrainConfig: {name}={value!r} must be a number {allowed}")
 
 
 def keep_freed_memory():
@@ -340,10 +360,16 @@ def load_model(run_dir):
     for name in ("config.json", "model.npz"):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir / name}: no such file (is {run_dir} a finished run?)")
-    cfg = TrainConfig(**json.loads((run_dir / "config.json").read_text())["config"])
-    with np.load(run_dir / "model.npz", allow_pickle=False) as f:
-        arrays = {k: f[k] for k in f.files}
-    tok = tokenizer_from_arrays(arrays)
+    try:
+        cfg = TrainConfig(**read_run_config(run_dir))
+    except TypeError as err:                     # a field this version does not know
+        raise ValueError(f"{run_dir / 'config.json'}: not a config of this minialign "
+                         f"({err})") from None
+    arrays = load_npz(run_dir / "model.npz", "model file (model.npz)")
+    try:
+        tok = tokenizer_from_arrays(arrays)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{run_dir / 'model.npz'}: no valid tokenizer ({err})") from None
     return {k: v for k, v in arrays.items() if k != VOCAB_KEY}, tok, cfg
 
 
@@ -365,7 +391,9 @@ def embed_captions(run_dir, captions):
 
 
 def add_train_args(p):
-    """The `train` sub-command's options (every TrainConfig field people change)."""
+    """The `train` sub-command's options (every TrainConfig field people change). A value out
+    of its range (flags.py) is argparse's one-line error and exit code 2, before any file is
+    read or written."""
     d = TrainConfig()
     p.add_argument("--objective", required=True, choices=sorted(OBJECTIVES),
                    help="training objective")
@@ -374,30 +402,38 @@ def add_train_args(p):
     p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
     p.add_argument("--resume", action="store_true",
                    help="continue --out from its last checkpoint (skip it if finished)")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="init/batch/mask seed (default %(default)s)")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default %(default)s)")
-    p.add_argument("--batch-photos", type=int, default=d.batch_photos,
-                   help="photos per step, two captions each (default %(default)s)")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
+    p.add_argument("--steps", type=positive_int, default=d.steps,
+                   help="optimizer steps, >= 1 (default %(default)s)")
+    p.add_argument("--seed", type=nonnegative_int, default=d.seed,
+                   help="init/batch/mask seed, >= 0 (default %(default)s)")
+    p.add_argument("--lr", type=positive_float, default=d.lr,
+                   help="peak learning rate, > 0 (default %(default)s)")
+    p.add_argument("--batch-photos", type=int_at_least(2), default=d.batch_photos,
+                   help="photos per step, two captions each, >= 2 (default %(default)s)")
+    p.add_argument("--warmup-steps", type=nonnegative_int, default=d.warmup_steps,
                    help="linear warm-up steps before the cosine decay; keep it below --steps "
                         "(default %(default)s)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="(default %(default)s)")
-    p.add_argument("--mask-rate", type=float, default=d.mask_rate,
-                   help="bad_views: word masking probability (default %(default)s)")
-    p.add_argument("--anticollapse-weight", type=float, default=d.anticollapse_weight,
-                   help="next_token: weight on VICReg var+cov (default %(default)s)")
-    p.add_argument("--eval-every", type=int, default=d.eval_every,
+    p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay,
+                   help=">= 0 (default %(default)s)")
+    p.add_argument("--mask-rate", type=fraction_in_0_1, default=d.mask_rate,
+                   help="bad_views: word masking probability, in [0, 1) (default %(default)s)")
+    p.add_argument("--anticollapse-weight", type=nonnegative_float, default=d.anticollapse_weight,
+                   help="next_token: weight on VICReg var+cov, >= 0 (default %(default)s)")
+    p.add_argument("--eval-every", type=positive_int, default=d.eval_every,
                    help="steps between val evaluations, saved caption embeddings and checkpoints "
                         "(default %(default)s)")
-    p.add_argument("--split-seed", type=int, default=d.split_seed,
+    p.add_argument("--split-seed", type=nonnegative_int, default=d.split_seed,
                    help="photo split seed, independent of --seed (default %(default)s)")
     for name in ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d.model, name),
-                       help="model size (default %(default)s)")
+        p.add_argument("--" + name.replace("_", "-"),
+                       type=int_at_least(MIN_MAX_LEN) if name == "max_len" else positive_int,
+                       default=getattr(d.model, name), help="model size (default %(default)s)")
 
 
 def run_train(args):
+    """Build the config (ValueError for fields that disagree, e.g. d_model % n_heads != 0,
+    before --out is touched), then train."""
+    check_heads_divide_width(args)
     model = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                         mlp_ratio=args.mlp_ratio, max_len=args.max_len)
     cfg = TrainConfig(objective=args.objective, captions=args.captions, steps=args.steps,

@@ -140,7 +140,7 @@ def test_corrupt_file(tmp_path, damage):
     ("count_mismatch", "count"),
     ("duplicate_ids", "occur more than once"),
     ("ids_rank", "1-D integer"),
-    ("missing_key", "lacks arrays"),
+    ("missing_key", "lacks arrays ['image_ids']"),
     ("meta_missing_key", "meta lacks"),
     ("meta_not_json", "not valid JSON"),
     ("meta_pickled", "cannot read"),
@@ -165,8 +165,8 @@ def test_load_refuses_bad_content(tmp_path, case, message):
         image_ids = image_ids.reshape(2, 2)
     elif case == "meta_missing_key":
         del meta["captions_sha256"]
-    if case == "missing_key":
-        np.savez(path, image_ids=image_ids, embeddings=embeddings)
+    if case == "missing_key":           # a file without meta is accepted (see below)
+        np.savez(path, embeddings=embeddings, meta=np.array(json.dumps(meta)))
     elif case == "meta_not_json":
         np.savez(path, image_ids=image_ids, embeddings=embeddings, meta=np.array("{not json"))
     elif case == "meta_pickled":
@@ -204,3 +204,70 @@ def test_sha256_file_matches_hashlib(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(bytes(range(256)) * 5000)               # > 1 MiB: several chunks
     assert sha256_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("ids_dtype, emb_dtype", [(np.int64, np.float32), (np.int32, np.float16),
+                                                  (np.uint32, np.float64), (np.uint64, np.float32)])
+def test_file_without_meta_from_another_tool_is_read_with_a_note(tmp_path, capsys, ids_dtype,
+                                                                  emb_dtype):
+    image_ids, embeddings = example_arrays()
+    path = tmp_path / "plain.npz"
+    np.savez(path, image_ids=image_ids.astype(ids_dtype), embeddings=embeddings.astype(emb_dtype))
+    emb = load_embeddings(path)
+    name = np.dtype(emb_dtype).name
+    assert capsys.readouterr().err == (f"note: {path}: has no meta entry (model, preprocessing "
+                                       f"unknown); using its 4 x 3 {name} embeddings as float32\n")
+    assert emb.meta == {"model": "unknown (no meta in file)", "preprocessing": None,
+                        "pooling": None, "captions_sha256": None, "dtype": name,
+                        "count": 4, "dim": 3}
+    assert emb.image_ids.dtype == np.int64 and emb.embeddings.dtype == np.float32
+    np.testing.assert_array_equal(emb.image_ids, image_ids)
+    np.testing.assert_array_equal(emb.embeddings, embeddings.astype(emb_dtype).astype(np.float32))
+
+
+@pytest.mark.parametrize("emb_dtype", [np.float16, np.float64])
+def test_float16_and_float64_with_meta_are_cast_to_float32(tmp_path, emb_dtype):
+    image_ids, embeddings = example_arrays()
+    meta = {**full_meta(embeddings), "dtype": np.dtype(emb_dtype).name}
+    path = write_raw(tmp_path / "e.npz", image_ids.astype(np.int32), embeddings.astype(emb_dtype),
+                     meta)
+    emb = load_embeddings(path)
+    assert emb.embeddings.dtype == np.float32 and emb.meta["dtype"] == np.dtype(emb_dtype).name
+    np.testing.assert_array_equal(emb.embeddings, embeddings.astype(emb_dtype).astype(np.float32))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("nan_row", "1 of 4 embedding rows hold NaN or Inf (image ids [802] ...)"),
+    ("wrong_rank", "embeddings must be 2-D (N, D), got shape (4, 3, 1)"),
+    ("length_mismatch", "4 image_ids but 3 embedding rows"),
+    ("duplicate_ids", "1 image ids occur more than once (e.g. [802])"),
+    ("int_embeddings", "embeddings must be floating point, got dtype int32"),
+    ("float_ids", "image_ids must be a 1-D integer array, got shape (4,) dtype float64"),
+    ("no_embeddings", "lacks arrays ['embeddings'] (has ['image_ids'])"),
+    ("meta_malformed", "meta must be a JSON object, got list"),
+])
+def test_file_without_meta_is_still_checked(tmp_path, capsys, case, message):
+    image_ids, embeddings = example_arrays()
+    arrays = {"image_ids": image_ids, "embeddings": embeddings}
+    if case == "nan_row":
+        embeddings[1, 0] = np.nan
+    elif case == "wrong_rank":
+        arrays["embeddings"] = embeddings.reshape(4, 3, 1)
+    elif case == "length_mismatch":
+        arrays["embeddings"] = embeddings[:3]
+    elif case == "duplicate_ids":
+        image_ids[3] = image_ids[1]
+    elif case == "int_embeddings":
+        arrays["embeddings"] = embeddings.astype(np.int32)
+    elif case == "float_ids":
+        arrays["image_ids"] = image_ids.astype(np.float64)
+    elif case == "no_embeddings":
+        del arrays["embeddings"]
+    elif case == "meta_malformed":                       # present but wrong: never "no meta"
+        arrays["meta"] = np.array("[1, 2]")
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError) as info:
+        load_embeddings(path)
+    assert str(info.value) == f"{path}: {message}"
+    assert capsys.readouterr().err == ""                  # refused before any note

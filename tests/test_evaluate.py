@@ -294,3 +294,119 @@ def test_command_line_exit_codes(world, tmp_path, capsys):
     assert main(["evaluate", "--run", str(run), "--embeddings", str(absent)]) == 2
     err = capsys.readouterr().err
     assert f"--embeddings {absent}: no such file" in err and "minialign export" in err
+
+
+def snapshot(run):
+    """{relative path: bytes} of every file under a run directory."""
+    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def one_error_line(capsys):
+    """The single stderr line of a refused command (and no traceback)."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.endswith("\n")
+    (line,) = err.splitlines()
+    return line
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("half", "not a readable saved caption embeddings file (.npz) (empty, truncated or not an "
+             ".npz)"),
+    ("empty", "not a readable saved caption embeddings file (.npz) (empty, truncated or not an "
+              ".npz)"),
+    ("wrong_arrays", "expected slot0_z, slot1_z, ... of one width, has ['x']"),
+])
+def test_damaged_caption_file_is_one_line_naming_it(world, tmp_path, capsys, damage, message):
+    from minialign.__main__ import main
+    run = copy_run(world, "good_views", tmp_path)
+    path = run / "captions" / f"val_step{EVAL_EVERY:05d}.npz"
+    good = path.read_bytes()
+    if damage == "half":
+        path.write_bytes(good[:len(good) // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        np.savez(path, x=np.zeros(3))
+    before = snapshot(run)
+    assert main(["evaluate", "--run", str(run)]) == 2
+    assert one_error_line(capsys) == f"minialign evaluate: error: {path}: {message}"
+    assert main(["evaluate", "--run", str(run), "--embeddings", str(world["embeddings"])]) == 2
+    assert one_error_line(capsys) == f"minialign evaluate: error: {path}: {message}"
+    assert snapshot(run) == before                           # nothing written
+
+
+BAD_JSON = {  # what the file holds -> what the one error line says after "<path>: "
+    "": "empty, expected a {kind} (interrupted by an older minialign, or truncated?)",
+    '{"config": {"objective": "good_': "not a valid {kind} (truncated or edited? Unterminated "
+                                       "string starting at: line 1 column 26 (char 25))",
+    "[1, 2]": "not a {kind} (a JSON list, not an object)",
+}
+
+
+@pytest.mark.parametrize("name, kind", [("config.json", "run config (config.json)"),
+                                        ("metrics.json", "run metrics file (metrics.json)")])
+@pytest.mark.parametrize("text", list(BAD_JSON))
+def test_damaged_run_json_is_one_line_naming_it(world, tmp_path, capsys, name, kind, text):
+    from minialign.__main__ import main
+    runs = [copy_run(world, objective, tmp_path) for objective in OBJECTIVES]
+    path = runs[1] / name                        # the second run: the first must stay unwritten
+    path.write_text(text)
+    before = [snapshot(run) for run in runs]
+    argv = ["evaluate", "--run", str(runs[0]), "--run", str(runs[1]),
+            "--embeddings", str(world["embeddings"])]
+    assert main(argv) == 2
+    message = BAD_JSON[text].format(kind=kind)
+    assert one_error_line(capsys) == f"minialign evaluate: error: {path}: {message}"
+    assert [snapshot(run) for run in runs] == before          # neither metrics.json changed
+    if name == "config.json":                                 # also without --embeddings
+        assert main(argv[:5]) == 2
+        assert one_error_line(capsys) == f"minialign evaluate: error: {path}: {message}"
+        with pytest.raises(ValueError) as info:
+            train.load_model(runs[1])
+        assert str(info.value) == f"{path}: {message}"
+
+
+def test_run_of_a_newer_minialign_is_refused(world, tmp_path, capsys):
+    from minialign.__main__ import main
+    from minialign.files import RUN_FORMAT
+    run = copy_run(world, "good_views", tmp_path)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "format": RUN_FORMAT + 1}))
+    before = snapshot(run)
+    message = (f"{run / 'config.json'}: written by a newer minialign (run format 2, this one "
+               f"reads 1); upgrade minialign")
+    assert main(["evaluate", "--run", str(run), "--embeddings", str(world["embeddings"])]) == 2
+    assert one_error_line(capsys) == f"minialign evaluate: error: {message}"
+    with pytest.raises(ValueError) as info:
+        train.load_model(run)
+    assert str(info.value) == message
+    assert snapshot(run) == before
+    (run / "config.json").write_text(json.dumps({**config, "format": RUN_FORMAT}))
+    assert train.load_model(run)[2].objective == "good_views"        # the current format reads
+
+
+def test_config_without_config_object_is_one_line(world, tmp_path, capsys):
+    from minialign.__main__ import main
+    run = copy_run(world, "good_views", tmp_path)
+    (run / "config.json").write_text('{"info": {}}')
+    assert main(["evaluate", "--run", str(run)]) == 2
+    assert one_error_line(capsys) == (f"minialign evaluate: error: {run / 'config.json'}: not a "
+                                      f"minialign run config (no \"config\" object with "
+                                      f"objective and seed)")
+
+
+def test_embeddings_without_meta_are_scored_as_model_unknown(world, tmp_path, capsys):
+    run = copy_run(world, "good_views", tmp_path)
+    emb = load_embeddings(world["embeddings"])
+    plain = tmp_path / "other_tool.npz"
+    np.savez(plain, image_ids=emb.image_ids.astype(np.int32),
+             embeddings=emb.embeddings.astype(np.float16))
+    capsys.readouterr()
+    summary = cli("--run", run, "--embeddings", plain, "--json")
+    captured = capsys.readouterr()
+    assert f"note: {plain}: has no meta entry" in captured.err
+    assert summary["embeddings"]["model"] == "unknown (no meta in file)"
+    assert summary["embeddings"]["count"] == len(emb.image_ids)
+    ia = json.loads((run / "metrics.json").read_text())["image_alignment"]
+    assert ia["embeddings"]["model"] == "unknown (no meta in file)"
+    assert 0 <= summary["runs"][0]["mutual_knn"] <= 1

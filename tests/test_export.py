@@ -10,7 +10,8 @@ from PIL import Image
 
 from minialign.embeddings import load_embeddings, sha256_file
 from minialign.export import (POOLING, add_export_args, choose_photos, export_embeddings,
-                              load_rgb, run_export, to_rgb)
+                              load_rgb, plain_progress_due, plain_progress_line, run_export,
+                              to_rgb)
 
 COCO_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "coco"
 IMAGES_DIR = COCO_DIR / "images"
@@ -201,3 +202,27 @@ def test_cli_loads_from_pretrained_folder(exported, coco_12, tiny, tmp_path, cap
     np.testing.assert_allclose(emb.embeddings, exported.embeddings[rows], rtol=1e-5, atol=1e-6)
     with pytest.raises(FileExistsError, match="cli.npz"):         # refused before any work
         run_export(args)
+
+
+def test_plain_progress_lines_every_tenth_without_carriage_returns():
+    total, batch = 100, 7
+    due = [after for before, after in ((s, min(s + batch, total)) for s in range(0, total, batch))
+           if plain_progress_due(before, after, total)]
+    assert due == [7, 14, 21, 35, 42, 56, 63, 70, 84, 91, 100]    # first batch, then per 10%
+    assert [plain_progress_due(0, 12, 12), plain_progress_due(5, 10, 12)] == [True, True]
+    line = plain_progress_line("export m", 50, 200, 20.0)
+    assert line == "export m: 50/200 images (25%), 2.5 img/s, eta 1.0 min"
+    assert "\r" not in line and "\n" not in line
+
+
+def test_export_log_without_terminal_has_plain_lines(coco_12, tiny, tmp_path, capsys):
+    (captions, _), (model, processor, _) = coco_12, tiny
+    for progress in (None, False):                  # None: stderr is captured, not a terminal
+        export_embeddings(captions, IMAGES_DIR, tmp_path / f"{progress}.npz", model=model,
+                          model_name="m", processor=processor, batch_size=5, progress=progress)
+        err = capsys.readouterr().err
+        assert "\r" not in err
+        lines = err.splitlines()
+        assert [line.split(" images")[0] for line in lines] == [
+            "export m: 5/12", "export m: 10/12", "export m: 12/12"]
+        assert all(" img/s, eta " in line for line in lines)

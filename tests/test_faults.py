@@ -14,10 +14,8 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from minialign import checkpoint, files, synthetic, train

@@ -104,3 +104,34 @@ def test_figures_have_the_expected_size_and_are_not_blank(text_only, tmp_path):
 def test_report_of_a_directory_without_protocol_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="protocol.json"):
         cli(tmp_path)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("protocol.json", '{"base": {"objective": "good_', "not a valid replicate protocol "
+     "(protocol.json) (truncated or edited? Unterminated string starting at: line 1 column 24 "
+     "(char 23))"),
+    ("protocol.json", "", "empty, expected a replicate protocol (protocol.json) (interrupted by "
+     "an older minialign, or truncated?)"),
+    ("protocol.json", '{"colour": 1}', "not a protocol of this minialign (Protocol.__init__() "
+     "got an unexpected keyword argument 'colour')"),
+    ("environment.json", "[]", "not a machine description (environment.json) (a JSON list, "
+     "not an object)"),
+    ("runs/good_views-lr1.00e-03-seed0/config.json", "{", "not a valid run config (config.json) "
+     "(truncated or edited? Expecting property name enclosed in double quotes: line 1 column 2 "
+     "(char 1))"),
+    ("runs/good_views-lr1.00e-03-seed0/metrics.json", "", "empty, expected a run metrics file "
+     "(metrics.json) (interrupted by an older minialign, or truncated?)"),
+])
+def test_damaged_json_is_one_line_and_changes_no_result(text_only, tmp_path, capsys, name,
+                                                        text, message):
+    from minialign.__main__ import main
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    report.build_report(out)
+    (out / name).write_text(text)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines() == [f"minialign report: error: {out / name}: {message}"]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

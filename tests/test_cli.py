@@ -1,0 +1,168 @@
+"""The command line refuses nonsense flags before it writes anything (issue #7), with one line
+that names the flag and its valid range, exit code 2; the dataclasses refuse the same values
+from Python. No training runs here: every refusal comes before the captions are read."""
+import argparse
+
+import pytest
+
+from minialign import flags
+from minialign.__main__ import main
+from minialign.model import ModelConfig
+from minialign.train import TrainConfig
+
+TRAIN_BAD = [  # (flags, the line argparse prints after "python -m minialign train: error: ")
+    (["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["--steps", "-5"], "argument --steps: must be an integer >= 1, got '-5'"),
+    (["--lr", "0"], "argument --lr: must be a number > 0, got '0'"),
+    (["--lr=-1e-3"], "argument --lr: must be a number > 0, got '-1e-3'"),
+    (["--lr", "nan"], "argument --lr: must be a number > 0, got 'nan'"),
+    (["--mask-rate", "1"], "argument --mask-rate: must be a number in [0, 1), got '1'"),
+    (["--mask-rate", "-0.1"], "argument --mask-rate: must be a number in [0, 1), got '-0.1'"),
+    (["--warmup-steps", "-1"], "argument --warmup-steps: must be an integer >= 0, got '-1'"),
+    (["--eval-every", "0"], "argument --eval-every: must be an integer >= 1, got '0'"),
+    (["--batch-photos", "1"], "argument --batch-photos: must be an integer >= 2, got '1'"),
+    (["--d-model", "0"], "argument --d-model: must be an integer >= 1, got '0'"),
+    (["--n-layers", "0"], "argument --n-layers: must be an integer >= 1, got '0'"),
+    (["--n-heads", "0"], "argument --n-heads: must be an integer >= 1, got '0'"),
+    (["--mlp-ratio", "0"], "argument --mlp-ratio: must be an integer >= 1, got '0'"),
+    (["--max-len", "2"], "argument --max-len: must be an integer >= 3, got '2'"),
+    (["--weight-decay", "-0.01"], "argument --weight-decay: must be a number >= 0, got '-0.01'"),
+    (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
+]
+REPLICATE_BAD = [
+    (["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["--lr", "0"], "argument --lr: must be a number > 0, got '0'"),
+    (["--eval-every", "0"], "argument --eval-every: must be an integer >= 1, got '0'"),
+    (["--batch-photos", "1"], "argument --batch-photos: must be an integer >= 2, got '1'"),
+    (["--warmup-steps", "-2"], "argument --warmup-steps: must be an integer >= 0, got '-2'"),
+    (["--lr-min", "0"], "argument --lr-min: must be a number > 0, got '0'"),
+    (["--lr-max", "-1"], "argument --lr-max: must be a number > 0, got '-1'"),
+    (["--lr-per-decade", "0"], "argument --lr-per-decade: must be an integer >= 1, got '0'"),
+    (["--max-extensions", "-1"], "argument --max-extensions: must be an integer >= 0, got '-1'"),
+    (["--d-model", "0"], "argument --d-model: must be an integer >= 1, got '0'"),
+    (["--seeds"], "argument --seeds: expected at least one argument"),
+    (["--seeds", "0", "1", "0"], "argument --seeds: each value at most once, 0 repeated"),
+    (["--seeds", "-1"], "argument --seeds: must be an integer >= 0, got '-1'"),
+    (["--objectives", "good_views", "good_views"],
+     "argument --objectives: each value at most once, good_views repeated"),
+]
+BENCH_BAD = [
+    (["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["--warmup", "-1"], "argument --warmup: must be an integer >= 0, got '-1'"),
+    (["--batch-photos", "1"], "argument --batch-photos: must be an integer >= 2, got '1'"),
+    (["--d-model", "0"], "argument --d-model: must be an integer >= 1, got '0'"),
+    (["--gemm-square", "0"], "argument --gemm-square: must be an integer >= 1, got '0'"),
+]
+
+
+def error_lines(capsys):
+    """stderr's lines that say what is wrong (argparse prints its usage lines above them)."""
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return [line for line in captured.err.splitlines() if "error:" in line]
+
+
+def run_refused(argv, capsys):
+    """main(argv) must stop with exit code 2; returns its one error line."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    (line,) = error_lines(capsys)
+    return line
+
+
+@pytest.mark.parametrize("bad, message", TRAIN_BAD)
+def test_train_refuses_bad_flags_before_writing(tmp_path, capsys, bad, message):
+    out = tmp_path / "run"
+    line = run_refused(["train", "--objective", "good_views", "--captions",
+                        str(tmp_path / "captions.json"), "--out", str(out), *bad], capsys)
+    assert line == f"python -m minialign train: error: {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad, message", REPLICATE_BAD)
+def test_replicate_refuses_bad_flags_before_writing(tmp_path, capsys, bad, message):
+    out = tmp_path / "results"
+    line = run_refused(["replicate", "--captions", str(tmp_path / "c.json"), "--out", str(out),
+                        "--image-eval", "off", *bad], capsys)
+    assert line == f"python -m minialign replicate: error: {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad, message", BENCH_BAD)
+def test_bench_refuses_bad_flags(tmp_path, capsys, bad, message):
+    line = run_refused(["bench", "--captions", str(tmp_path / "c.json"), *bad], capsys)
+    assert line == f"python -m minialign bench: error: {message}"
+
+
+HEADS = "--d-model 30 is not divisible by --n-heads 4 (each head gets d_model / n_heads dimensions)"
+
+
+def test_width_not_divisible_by_heads_is_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--objective", "good_views", "--captions", str(tmp_path / "c.json"),
+                 "--out", str(out), "--d-model", "30", "--n-heads", "4"])
+    assert code == 2 and not out.exists()
+    assert error_lines(capsys) == [f"minialign train: error: {HEADS}"]
+    code = main(["replicate", "--captions", str(tmp_path / "c.json"), "--out", str(out),
+                 "--image-eval", "off", "--d-model", "30", "--n-heads", "4"])
+    assert code == 2 and not out.exists()
+    assert error_lines(capsys) == [f"minialign replicate: error: {HEADS}"]
+    assert main(["bench", "--captions", str(tmp_path / "c.json"), "--d-model", "30",
+                 "--n-heads", "4"]) == 2
+    assert error_lines(capsys) == [f"minialign bench: error: {HEADS}"]
+
+
+def test_replicate_lr_range_must_be_increasing_when_searching(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["replicate", "--captions", str(tmp_path / "c.json"), "--out", str(out),
+                 "--image-eval", "off", "--lr-min", "1e-2", "--lr-max", "1e-3"]) == 2
+    assert error_lines(capsys) == ["minialign replicate: error: --lr-max 0.001 must be greater "
+                                   "than --lr-min 0.01 (or pass --lr-search off)"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"steps": 0}, "TrainConfig: steps=0 must be an integer >= 1"),
+    ({"steps": -3}, "TrainConfig: steps=-3 must be an integer >= 1"),
+    ({"lr": 0.0}, "TrainConfig: lr=0.0 must be a number > 0"),
+    ({"lr": float("inf")}, "TrainConfig: lr=inf must be a number > 0"),
+    ({"mask_rate": 1.0}, "TrainConfig: mask_rate=1.0 must be a number in [0, 1)"),
+    ({"warmup_steps": -1}, "TrainConfig: warmup_steps=-1 must be an integer >= 0"),
+    ({"eval_every": 0}, "TrainConfig: eval_every=0 must be an integer >= 1"),
+    ({"batch_photos": 1}, "TrainConfig: batch_photos=1 must be an integer >= 2"),
+    ({"weight_decay": -0.05}, "TrainConfig: weight_decay=-0.05 must be a number >= 0"),
+    ({"min_lr_ratio": 1.5}, "TrainConfig: min_lr_ratio=1.5 must be a number in [0, 1]"),
+    ({"grad_clip": 0.0}, "TrainConfig: grad_clip=0.0 must be a number > 0"),
+    ({"seed": -1}, "TrainConfig: seed=-1 must be an integer >= 0"),
+    ({"steps": 2.5}, "TrainConfig: steps=2.5 must be an integer >= 1"),
+    ({"model": {"d_model": 30, "n_heads": 4}}, "d_model=30 is not divisible by n_heads=4"),
+    ({"model": {"d_model": 0}}, "ModelConfig: d_model=0 must be an integer >= 1"),
+    ({"model": {"n_layers": 0}}, "ModelConfig: n_layers=0 must be an integer >= 1"),
+    ({"model": {"max_len": 2}}, "ModelConfig: max_len=2 must be an integer >= 3"),
+    ({"model": {"mlp_ratio": 0}}, "ModelConfig: mlp_ratio=0 must be an integer >= 1"),
+    ({"model": {"vocab_size": 4}}, "ModelConfig: vocab_size=4 must be an integer >= 5"),
+])
+def test_dataclasses_refuse_out_of_range_fields(fields, message):
+    with pytest.raises(ValueError) as info:
+        TrainConfig(**fields)
+    assert str(info.value) == message
+
+
+def test_dataclasses_accept_the_edges_of_each_range():
+    cfg = TrainConfig(steps=1, batch_photos=2, warmup_steps=0, eval_every=1, mask_rate=0.0,
+                      weight_decay=0.0, min_lr_ratio=1.0, lr=1e-9,
+                      model=ModelConfig(d_model=1, n_heads=1, n_layers=1, mlp_ratio=1, max_len=3))
+    assert (cfg.steps, cfg.model.max_len, cfg.mask_rate) == (1, 3, 0.0)
+
+
+def test_flag_types_return_values_and_name_the_range():
+    assert flags.positive_int("7") == 7 and flags.nonnegative_int("0") == 0
+    assert flags.fraction_in_0_1("0.25") == 0.25 and flags.positive_float("1e-3") == 1e-3
+    assert flags.nonnegative_float("0") == 0.0 and flags.int_at_least(2)("2") == 2
+    for parse, text, message in [(flags.positive_int, "1.5", "an integer >= 1, got '1.5'"),
+                                 (flags.fraction_in_0_1, "inf", "in [0, 1), got 'inf'"),
+                                 (flags.positive_float, "x", "a number > 0, got 'x'")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=message.replace("[", r"\[")
+                           .replace(")", r"\)")):
+            parse(text)
