@@ -419,6 +419,11 @@ def add_train_args(p):
                    help="bad_views: word masking probability, in [0, 1) (default %(default)s)")
     p.add_argument("--anticollapse-weight", type=nonnegative_float, default=d.anticollapse_weight,
                    help="next_token: weight on VICReg var+cov, >= 0 (default %(default)s)")
+    for name, what in (("sim_weight", "invariance (lambda)"), ("var_weight", "variance (mu)"),
+                       ("cov_weight", "covariance (nu)")):
+        p.add_argument("--" + name.replace("_", "-"), type=nonnegative_float,
+                       default=getattr(d, name), help=f"VICReg {what} weight, >= 0; variance "
+                       f"and covariance 0 let the embeddings collapse (default %(default)s)")
     p.add_argument("--eval-every", type=positive_int, default=d.eval_every,
                    help="steps between val evaluations, saved caption embeddings and checkpoints "
                         "(default %(default)s)")
@@ -440,5 +445,7 @@ def run_train(args):
                       seed=args.seed, lr=args.lr, batch_photos=args.batch_photos,
                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                       mask_rate=args.mask_rate, anticollapse_weight=args.anticollapse_weight,
-                      eval_every=args.eval_every, split_seed=args.split_seed, model=model)
+                      sim_weight=args.sim_weight, var_weight=args.var_weight,
+                      cov_weight=args.cov_weight, eval_every=args.eval_every,
+                      split_seed=args.split_seed, model=model)
     train(cfg, args.out, force=args.force, resume=args.resume)
