@@ -1,0 +1,394 @@
+"""Fetching files over HTTP: resumable, verified, retried (standard library only).
+
+    download(url, dest)              one file: bytes go to dest + ".part", resumed with a Range
+                                     request after a cut, checked (size, sha256), then renamed
+    fetch_images(records, out_dir)   COCO image records -> out_dir/file_name, in parallel, each
+                                     one decoded with Pillow and checked against width x height
+
+A file at `dest` is always complete: a transfer writes only the ".part" file beside it, which is
+flushed to disk and renamed onto `dest` once its size and checksum match. A cut transfer keeps
+its bytes in the ".part" file, and the next try (or the next run) asks the server for the rest
+("Range: bytes=N-"). Connection errors, cut transfers, HTTP 5xx and 429 are retried after
+backoff * 2**k seconds (k = 0, 1, ...); any other HTTP 4xx fails at once. Every error is one line
+that starts with the URL (or the image record) and says what to do.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from PIL import Image
+from tqdm import tqdm
+
+from .embeddings import sha256_file
+from .files import append_line, fsync_dir
+
+PART_SUFFIX = ".part"                 # dest + PART_SUFFIX holds the bytes of an unfinished download
+CHUNK_BYTES = 64 * 1024               # bytes read from the socket (and written) at a time
+USER_AGENT = "minialign-download/1"   # some servers refuse requests without a User-Agent
+PLAIN_PROGRESS_LINES = 10             # without a terminal: about one line per 10%
+PLAIN_UNKNOWN_TOTAL_BYTES = 8 << 20   # ... or one per 8 MiB when the server gives no length
+MANIFEST = ".verified.tsv"            # out_dir/MANIFEST: "file_name<TAB>bytes" of verified images
+RECORD_KEYS = ("id", "file_name", "coco_url", "width", "height")  # of a COCO "images" entry
+MB = 1e6                              # progress lines count decimal megabytes
+
+
+class DownloadError(ConnectionError):
+    """A download that failed: one line starting with the URL. .url; .tries: the requests made;
+    .reason: the last problem ("Connection refused", "HTTP 503 Service Unavailable", ...)."""
+
+    def __init__(self, message, url, tries, reason):
+        super().__init__(message)
+        self.url, self.tries, self.reason = url, tries, reason
+
+
+class _Transient(Exception):
+    """A try that failed in a way worth retrying (reason: a short phrase)."""
+
+
+class _Fatal(Exception):
+    """A try that failed in a way a retry cannot fix (HTTP 4xx other than 429)."""
+
+
+# ---------------------------------------------------------------- one file
+def download(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
+             timeout=60, progress=None):
+    """Download `url` to `dest` (a path) and return dest as a Path.
+
+    If dest exists and matches expected_size (bytes) and expected_sha256 (hex), whichever are
+    given, it is returned at once without network access. Otherwise the bytes go to dest.part,
+    resuming an earlier try's .part; a complete, matching .part is fsynced and renamed onto dest.
+    retries: tries after the first; the k-th retry waits backoff * 2**(k-1) seconds. timeout:
+    seconds for connecting and for each read. progress: True for a tqdm bar on stderr, False for
+    plain lines on stderr (about one per 10%, retries noted), None: a bar if stderr is a terminal.
+    Raises DownloadError (a ConnectionError) after the last retry or on an HTTP 4xx other than
+    429, keeping the .part; ValueError on a size or sha256 mismatch, after deleting the .part."""
+    dest = Path(dest)
+    reporter = _ByteProgress(dest.name, sys.stderr.isatty() if progress is None else progress)
+    try:
+        return _download(url, dest, expected_size, expected_sha256, retries, backoff, timeout,
+                         reporter)[0]
+    finally:
+        reporter.close()
+
+
+def _download(url, dest, expected_size, expected_sha256, retries, backoff, timeout, reporter):
+    """download() with a reporter (start(have, total), add(n), note(line)). Returns (dest,
+    Content-Type of the last response or None, whether anything was fetched)."""
+    part = dest.with_name(dest.name + PART_SUFFIX)
+    if dest.is_file() and _mismatch(dest, expected_size, expected_sha256) is None:
+        return dest, None, False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if expected_size is not None and part.is_file() and part.stat().st_size > expected_size:
+        part.unlink()                                   # longer than the file: cannot be resumed
+    for attempt in range(retries + 1):
+        if attempt:
+            wait = backoff * 2 ** (attempt - 1)
+            reporter.note(f"{url}: {reason}; retry {attempt}/{retries} in {wait:.1f} s")
+            time.sleep(wait)
+        try:
+            content_type = _get(url, part, timeout, reporter)
+            break
+        except _Transient as err:
+            reason = str(err)
+        except _Fatal as err:
+            raise DownloadError(f"{url}: cannot download ({err}); the server refuses this "
+                                f"request, check the URL (not retried)", url, attempt + 1,
+                                str(err)) from None
+    else:
+        have = part.stat().st_size if part.is_file() else 0
+        kept = (f"the partial file {part} ({have} bytes) is kept, rerun to resume" if have
+                else "no bytes were received, rerun to try again")
+        raise DownloadError(f"{url}: cannot download ({reason}) after {retries + 1} tries; "
+                            f"{kept}", url, retries + 1, reason)
+    problem = _mismatch(part, expected_size, expected_sha256)
+    if problem is not None:
+        part.unlink()
+        raise ValueError(f"{url}: downloaded {problem}; removed, rerun to download again")
+    os.replace(part, dest)                              # _get fsynced the bytes already
+    fsync_dir(dest.parent)
+    return dest, content_type, True
+
+
+def _mismatch(path, expected_size, expected_sha256):
+    """None if the file at `path` has the expected size and sha256 (those not None), else a
+    phrase saying what differs, for "{url}: downloaded {phrase}"."""
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        return (f"{size} bytes, expected {expected_size} (a cut transfer or a changed file "
+                f"upstream)")
+    if expected_sha256 is not None:
+        digest = sha256_file(path)
+        if digest != expected_sha256.lower():
+            return (f"{size} bytes with sha256 {digest}, expected {expected_sha256} (damaged "
+                    f"download or a changed file upstream)")
+    return None
+
+
+def _get(url, part, timeout, reporter):
+    """One GET of `url` that appends to `part` (resuming its bytes) and fsyncs it. Returns the
+    Content-Type. Raises _Transient (retry) or _Fatal (do not)."""
+    have = part.stat().st_size if part.is_file() else 0
+    headers = {"User-Agent": USER_AGENT}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                          timeout=timeout)
+    except urllib.error.HTTPError as err:
+        err.close()
+        if err.code == 416 and have:                    # the .part is complete, or too long
+            if _content_range(err.headers.get("Content-Range"))[2] == have:
+                return None
+            part.unlink()
+            return _get(url, part, timeout, reporter)   # start over (no Range: no second 416)
+        reason = f"HTTP {err.code} {err.reason}"
+        raise (_Transient if err.code >= 500 or err.code == 429 else _Fatal)(reason) from None
+    except (OSError, http.client.HTTPException) as err:   # URLError is an OSError
+        raise _Transient(_reason(err)) from None
+    with response:
+        if response.status == 206:
+            start, _, total = _content_range(response.headers.get("Content-Range"))
+            if start != have:
+                part.unlink()
+                raise _Transient(f"the server resumed at byte {start}, not {have}")
+        else:                                           # 200: the whole file (Range ignored)
+            have = 0
+            length = response.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+        received = have
+        reporter.start(have, total)
+        with open(part, "ab" if have else "wb") as f:
+            while True:
+                try:
+                    chunk = response.read(CHUNK_BYTES)
+                except (OSError, http.client.HTTPException) as err:
+                    raise _Transient(_reason(err)) from None
+                if not chunk:
+                    break
+                f.write(chunk)
+                received += len(chunk)
+                reporter.add(len(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+        if total is not None and received < total:      # http.client returns b"" at a cut
+            raise _Transient(f"transfer cut short at {received} of {total} bytes")
+        return response.headers.get_content_type()
+
+
+def _content_range(value):
+    """(first byte, last byte, total bytes) of a Content-Range header ("bytes 0-9/10" or
+    "bytes */10"); None for each part that is absent or "*"."""
+    match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*", value or "")
+    if match is None:
+        return None, None, None
+    return tuple(int(g) if g and g != "*" else None for g in match.groups())
+
+
+def _reason(err):
+    """A short phrase for a network error: "Connection refused", "timed out", ..."""
+    err = getattr(err, "reason", err)                   # URLError wraps the socket's error
+    if isinstance(err, http.client.IncompleteRead):
+        return f"transfer cut short ({len(err.partial)} bytes of this read received)"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err) or type(err).__name__
+
+
+class _ByteProgress:
+    """download()'s progress: a tqdm bar of bytes, or plain stderr lines without "\\r"."""
+
+    def __init__(self, desc, use_bar):
+        self.desc, self.use_bar, self.bar = desc, use_bar, None
+        self.done = self.total = self.t0 = self.began = None
+
+    def start(self, have, total):
+        if self.use_bar and self.bar is None:
+            self.bar = tqdm(total=total, initial=have, unit="B", unit_scale=True,
+                            unit_divisor=1024, desc=self.desc)
+        elif self.bar is not None:
+            self.bar.reset(total=total)
+            self.bar.update(have)
+        self.done, self.total, self.began, self.t0 = have, total, have, time.perf_counter()
+
+    def add(self, n):
+        before, self.done = self.done, self.done + n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        step = self.total / PLAIN_PROGRESS_LINES if self.total else PLAIN_UNKNOWN_TOTAL_BYTES
+        if self.done // step > before // step or self.done == self.total:
+            seconds = max(time.perf_counter() - self.t0, 1e-9)
+            rate = (self.done - self.began) / seconds / MB
+            of = (f"/{self.total / MB:.1f} MB ({100 * self.done // self.total}%)" if self.total
+                  else " MB")
+            print(f"{self.desc}: {self.done / MB:.1f}{of}, {rate:.1f} MB/s", file=sys.stderr)
+
+    def note(self, line):
+        (self.bar.write if self.bar is not None else print)(line, file=sys.stderr)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------- COCO images
+def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60, progress=None):
+    """Download COCO images to out_dir/file_name, `workers` at a time, and verify each one.
+
+    records: COCO "images" entries, dicts with id, file_name, coco_url, width, height (pixels).
+    An image passes if Pillow decodes it fully and its size is (width, height); one that fails
+    is deleted and reported. Images already in out_dir are verified instead of downloaded, and
+    recorded in out_dir/.verified.tsv ("file_name<TAB>bytes") as they pass, so that a rerun
+    does not decode them again while their size is unchanged. Downloads use download() (resumed,
+    atomic); retries, backoff and timeout are its. progress: a tqdm bar over images (True),
+    plain stderr lines with count, failures and MB/s (False), or None: a bar on a terminal.
+    Returns {"fetched": int, "already_present": int, "failed": {image id: reason}}; single
+    images never raise. Raises ValueError, naming the record, for a record without a field,
+    a file_name that is not a plain file name, or two records with one file_name."""
+    _check_records(records)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = out_dir / MANIFEST
+    verified = _read_manifest(manifest)
+    counter = _ByteCounter()
+    result = {"fetched": 0, "already_present": 0, "failed": {}}
+    use_bar = sys.stderr.isatty() if progress is None else progress
+    t0 = time.perf_counter()
+
+    def one(record):
+        return _fetch_one(record, out_dir, verified, (retries, backoff, timeout), counter)
+
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        with open(manifest, "ab") as log, \
+                tqdm(total=len(records), unit="img", desc="fetch_images", disable=not use_bar) as bar:
+            if log.tell() and not manifest.read_bytes().endswith(b"\n"):
+                log.write(b"\n")                        # a line cut by a killed run stays apart
+            futures = {pool.submit(one, record): record for record in records}
+            for done, future in enumerate(as_completed(futures), 1):
+                status, detail = future.result()
+                if status == "failed":
+                    result["failed"][futures[future]["id"]] = detail
+                else:
+                    result[status] += 1
+                    if detail is not None:
+                        append_line(log, detail)
+                rate = counter.total / max(time.perf_counter() - t0, 1e-9) / MB
+                bar.set_postfix(failed=len(result["failed"]), MBps=f"{rate:.1f}", refresh=False)
+                bar.update(1)
+                if not use_bar and _plain_due(done - 1, done, len(records)):
+                    print(f"fetch_images: {done}/{len(records)} images "
+                          f"({100 * done // len(records)}%), {len(result['failed'])} failed, "
+                          f"{rate:.1f} MB/s", file=sys.stderr)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # Ctrl-C: start no new download
+    return result
+
+
+def _fetch_one(record, out_dir, verified, options, counter):
+    """One image: verify the file if present, else download and verify it. Returns ("fetched"
+    | "already_present", a manifest line or None) or ("failed", reason)."""
+    path = out_dir / record["file_name"]
+    width, height = record["width"], record["height"]
+    if path.is_file():
+        size = path.stat().st_size
+        if verified.get(path.name) == size:
+            return "already_present", None
+        if _check_image(path, width, height, None) is None:
+            return "already_present", f"{path.name}\t{size}"
+        path.unlink()                                   # damaged: download it again
+    retries, backoff, timeout = options
+    try:
+        _, content_type, _ = _download(record["coco_url"], path, None, None, retries, backoff,
+                                       timeout, counter)
+    except (DownloadError, ValueError) as err:
+        return "failed", str(err)
+    problem = _check_image(path, width, height, content_type)
+    if problem is not None:
+        path.unlink()
+        return "failed", problem
+    return "fetched", f"{path.name}\t{path.stat().st_size}"
+
+
+def _check_image(path, width, height, content_type):
+    """None if Pillow decodes the whole image at `path` and its size is width x height, else
+    the reason ("not an image: the server sent text/html", "size 640x480, expected 500x375")."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            size = image.size
+    except Exception as err:                            # Pillow raises many types on bad bytes
+        if content_type and not content_type.startswith("image/"):
+            return f"not an image: the server sent {content_type}"
+        return f"not a readable image ({type(err).__name__}: {err})"
+    if size != (width, height):
+        return f"size {size[0]}x{size[1]}, expected {width}x{height}"
+    return None
+
+
+def _check_records(records):
+    """Raise ValueError naming the first bad record (see fetch_images)."""
+    owner = {}
+    for index, record in enumerate(records):
+        if not isinstance(record, dict) or "id" not in record:
+            raise ValueError(f"image record #{index}: has no id (a COCO image record is a dict "
+                             f"with {', '.join(RECORD_KEYS)})")
+        name = f"image record {record['id']!r}"
+        missing = [key for key in RECORD_KEYS if key not in record]
+        if missing:
+            raise ValueError(f"{name}: missing {', '.join(missing)} (a COCO image record has "
+                             f"{', '.join(RECORD_KEYS)})")
+        file_name = record["file_name"]
+        if (not isinstance(file_name, str) or Path(file_name).name != file_name
+                or file_name.startswith(".")):
+            raise ValueError(f"{name}: file_name {file_name!r} is not a plain file name")
+        if file_name in owner:
+            raise ValueError(f"{name}: file_name {file_name} is also that of image record "
+                             f"{owner[file_name]!r}")
+        owner[file_name] = record["id"]
+
+
+def _read_manifest(path):
+    """{file_name: bytes} from out_dir/.verified.tsv ({} if absent); bad lines are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return {}
+    verified = {}
+    for line in text.splitlines():
+        name, tab, size = line.partition("\t")
+        if tab and size.isdigit():
+            verified[name] = int(size)
+    return verified
+
+
+def _plain_due(before, after, total, lines=PLAIN_PROGRESS_LINES):
+    """Whether a plain line is due after a count went from `before` to `after` of `total`:
+    after the first item and each time the count crosses a multiple of total / lines."""
+    return before == 0 or after * lines // total > before * lines // total
+
+
+class _ByteCounter:
+    """fetch_images' reporter for download: counts the bytes of all threads, prints nothing."""
+
+    def __init__(self):
+        self.total, self.lock = 0, threading.Lock()
+
+    def start(self, have, total):
+        pass
+
+    def add(self, n):
+        with self.lock:
+            self.total += n
+
+    def note(self, line):
+        pass

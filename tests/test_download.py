@@ -1,0 +1,326 @@
+"""minialign.download against a local HTTP server on 127.0.0.1 (no internet needed).
+
+The server's paths are test knobs: /files/NAME serves a file (with Range -> 206), /cut-once/NAME
+sends half of it then closes on the first request only, /cut-always/NAME always does, /flaky/NAME
+answers 500 twice then serves, /norange/NAME ignores Range (200), /html/NAME is an HTML error
+page with status 200, anything else is 404. Every request is recorded with its Range header.
+"""
+import hashlib
+import io
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from minialign.download import MANIFEST, DownloadError, download, fetch_images
+
+TINY_BACKOFF = 0.01   # seconds: retries in tests wait 0.01, 0.02, 0.04, ...
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):          # keep pytest's output clean
+        pass
+
+    def do_GET(self):
+        server = self.server
+        with server.lock:
+            server.requests.append((self.path, self.headers.get("Range")))
+            server.active += 1
+            server.max_active = max(server.max_active, server.active)
+            seen = sum(path == self.path for path, _ in server.requests)
+        try:
+            time.sleep(server.delay)
+            self.answer(seen)
+        finally:
+            with server.lock:
+                server.active -= 1
+
+    def answer(self, seen):
+        knob, _, name = self.path.strip("/").partition("/")
+        data = self.server.files.get(name)
+        if data is None or knob not in ("files", "cut-once", "cut-always", "flaky", "norange",
+                                        "html"):
+            return self.reply(404, b"not found", "text/plain")
+        if knob == "html":
+            return self.reply(200, b"<html><body>Service unavailable</body></html>", "text/html")
+        if knob == "flaky" and seen <= 2:
+            return self.reply(500, b"try later", "text/plain")
+        start = 0
+        ranged = self.headers.get("Range")
+        if ranged and knob != "norange":
+            start = int(ranged.removeprefix("bytes=").rstrip("-"))
+            if start >= len(data):
+                return self.reply(416, b"", "text/plain",
+                                  {"Content-Range": f"bytes */{len(data)}"})
+        body = data[start:]
+        extra = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if start else {}
+        if knob == "cut-always" or (knob == "cut-once" and seen == 1):
+            return self.reply(206 if start else 200, body, "application/octet-stream", extra,
+                              send=len(body) // 2)
+        self.reply(206 if start else 200, body, "image/jpeg", extra)
+
+    def reply(self, status, body, content_type, headers=(), send=None):
+        """Send status and headers promising len(body) bytes, then the first `send` of them."""
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in dict(headers).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body[:send])
+        self.close_connection = True
+
+
+@pytest.fixture
+def server():
+    """A ThreadingHTTPServer on a free port: .files {name: bytes}, .requests [(path, Range)],
+    .max_active (most requests in flight at once), .delay (seconds before each answer)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.files, srv.requests, srv.lock = {}, [], threading.Lock()
+    srv.active = srv.max_active = 0
+    srv.delay = 0.0
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join()
+
+
+def random_bytes(n, seed=0):
+    return np.random.default_rng(seed).bytes(n)
+
+
+def jpeg_bytes(width, height, seed=0):
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- download
+def test_complete_download_checks_sha256_and_leaves_no_part(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(20_000)
+    dest = tmp_path / "sub" / "a.bin"
+    got = download(f"{server.url}/files/a.bin", dest, expected_size=len(data),
+                   expected_sha256=sha256(data), progress=False)
+    assert got == dest and dest.read_bytes() == data
+    assert not (tmp_path / "sub" / "a.bin.part").exists()
+    assert server.requests == [("/files/a.bin", None)]
+
+
+def test_cut_transfer_is_resumed_from_the_cut_with_a_range_request(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(20_000)
+    dest = tmp_path / "a.bin"
+    download(f"{server.url}/cut-once/a.bin", dest, expected_sha256=sha256(data),
+             backoff=TINY_BACKOFF, progress=False)
+    assert dest.read_bytes() == data
+    assert server.requests == [("/cut-once/a.bin", None),
+                               ("/cut-once/a.bin", f"bytes={len(data) // 2}-")]
+
+
+def test_tries_used_up_keep_the_part_and_a_rerun_resumes_it(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(16_000)
+    dest = tmp_path / "a.bin"
+    url = f"{server.url}/cut-always/a.bin"
+    with pytest.raises(DownloadError) as info:
+        download(url, dest, retries=2, backoff=TINY_BACKOFF, progress=False)
+    part = tmp_path / "a.bin.part"
+    kept = part.stat().st_size                          # half, then half of the rest, ...
+    assert kept == 8000 + 4000 + 2000 and part.read_bytes() == data[:kept]
+    message = str(info.value)
+    assert message.startswith(url) and "\n" not in message and info.value.tries == 3
+    assert "after 3 tries" in message and f"{part} ({kept} bytes) is kept" in message
+    assert not dest.exists()
+    server.requests.clear()
+    download(f"{server.url}/files/a.bin", dest, progress=False)
+    assert server.requests == [("/files/a.bin", f"bytes={kept}-")]
+    assert dest.read_bytes() == data and not part.exists()
+
+
+def test_wrong_checksum_removes_the_part_and_names_the_url(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(5000)
+    dest, url = tmp_path / "a.bin", f"{server.url}/files/a.bin"
+    with pytest.raises(ValueError) as info:
+        download(url, dest, expected_sha256="0" * 64, progress=False)
+    message = str(info.value)
+    assert message == (f"{url}: downloaded 5000 bytes with sha256 {sha256(data)}, expected "
+                       f"{'0' * 64} (damaged download or a changed file upstream); removed, "
+                       f"rerun to download again")
+    assert not dest.exists() and not (tmp_path / "a.bin.part").exists()
+
+
+def test_wrong_size_is_refused(server, tmp_path):
+    server.files["a.bin"] = random_bytes(5000)
+    with pytest.raises(ValueError, match=r"downloaded 5000 bytes, expected 6000"):
+        download(f"{server.url}/files/a.bin", tmp_path / "a.bin", expected_size=6000,
+                 progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refused_connection_is_retried_then_reported(tmp_path):
+    with socket.socket() as probe:                      # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/a.bin"
+    t0 = time.perf_counter()
+    with pytest.raises(DownloadError) as info:
+        download(url, tmp_path / "a.bin", retries=3, backoff=TINY_BACKOFF, progress=False)
+    assert time.perf_counter() - t0 >= TINY_BACKOFF * (1 + 2 + 4)
+    assert info.value.tries == 4 and info.value.reason == "Connection refused"
+    assert isinstance(info.value, ConnectionError)
+    assert str(info.value) == (f"{url}: cannot download (Connection refused) after 4 tries; "
+                               f"no bytes were received, rerun to try again")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_server_error_is_retried_until_it_succeeds(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(3000)
+    download(f"{server.url}/flaky/a.bin", tmp_path / "a.bin", backoff=TINY_BACKOFF,
+             progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == data
+    assert [path for path, _ in server.requests] == ["/flaky/a.bin"] * 3
+
+
+def test_not_found_fails_at_once(server, tmp_path):
+    url = f"{server.url}/files/nothing.bin"
+    with pytest.raises(DownloadError) as info:
+        download(url, tmp_path / "a.bin", retries=4, backoff=TINY_BACKOFF, progress=False)
+    assert len(server.requests) == 1 and info.value.tries == 1
+    assert str(info.value).startswith(f"{url}: cannot download (HTTP 404 Not Found)")
+
+
+def test_complete_dest_is_not_downloaded_again(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(3000)
+    dest = tmp_path / "a.bin"
+    dest.write_bytes(data)
+    url = f"{server.url}/files/a.bin"
+    assert download(url, dest, expected_size=3000, expected_sha256=sha256(data)) == dest
+    assert download(url, dest) == dest                  # nothing to check: present is enough
+    assert server.requests == []
+    dest.write_bytes(data[:100])                        # a damaged dest is fetched again
+    download(url, dest, expected_size=3000, progress=False)
+    assert dest.read_bytes() == data and len(server.requests) == 1
+
+
+def test_server_ignoring_range_starts_over(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(4000)
+    (tmp_path / "a.bin.part").write_bytes(b"x" * 1000)  # not a prefix of the file
+    download(f"{server.url}/norange/a.bin", tmp_path / "a.bin", progress=False)
+    assert server.requests == [("/norange/a.bin", "bytes=1000-")]
+    assert (tmp_path / "a.bin").read_bytes() == data
+
+
+def test_complete_part_answered_416_is_used_and_a_too_long_one_started_over(server, tmp_path):
+    data = server.files["a.bin"] = random_bytes(4000)
+    part, dest = tmp_path / "a.bin.part", tmp_path / "a.bin"
+    part.write_bytes(data)
+    download(f"{server.url}/files/a.bin", dest, expected_sha256=sha256(data), progress=False)
+    assert dest.read_bytes() == data and server.requests == [("/files/a.bin", "bytes=4000-")]
+    dest.unlink()
+    server.requests.clear()
+    part.write_bytes(data + b"extra")
+    download(f"{server.url}/files/a.bin", dest, progress=False)
+    assert dest.read_bytes() == data
+    assert server.requests == [("/files/a.bin", "bytes=4005-"), ("/files/a.bin", None)]
+
+
+def test_plain_progress_lines_have_no_carriage_return(server, tmp_path, capsys):
+    server.files["a.bin"] = random_bytes(200_000)
+    download(f"{server.url}/cut-once/a.bin", tmp_path / "a.bin", backoff=TINY_BACKOFF,
+             progress=False)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and "a.bin: 0.2/0.2 MB (100%)" in err
+    assert 5 <= len(lines) <= 2 * 10 + 1                # ~10 per try, and the retry note
+    assert any("retry 1/4 in 0.0 s" in line for line in lines)
+
+
+# ---------------------------------------------------------------- fetch_images
+def coco_records(server, sizes):
+    """COCO image records, one per (knob, width, height, actual width, actual height)."""
+    records = []
+    for image_id, (knob, width, height, actual_w, actual_h) in enumerate(sizes, 1):
+        name = f"{image_id:012d}.jpg"
+        server.files[name] = jpeg_bytes(actual_w, actual_h, seed=image_id)
+        records.append({"id": image_id, "file_name": name, "width": width, "height": height,
+                        "coco_url": f"{server.url}/{knob}/{name}"})
+    return records
+
+
+def test_fetch_images_reports_failures_by_id_and_a_rerun_fetches_only_those(server, tmp_path,
+                                                                            capsys):
+    records = coco_records(server, [("files", 40, 30, 40, 30), ("cut-once", 32, 48, 32, 48),
+                                    ("files", 24, 24, 24, 24), ("html", 40, 30, 40, 30),
+                                    ("files", 50, 37, 64, 48), ("missing", 40, 30, 40, 30)])
+    out = tmp_path / "images"
+    result = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False)
+    assert result["fetched"] == 3 and result["already_present"] == 0
+    assert sorted(result["failed"]) == [4, 5, 6]
+    assert result["failed"][4] == "not an image: the server sent text/html"
+    assert result["failed"][5] == "size 64x48, expected 50x37"
+    assert result["failed"][6].startswith(f"{records[5]['coco_url']}: cannot download "
+                                          f"(HTTP 404 Not Found)")
+    for record in records[:3]:
+        with Image.open(out / record["file_name"]) as image:
+            image.load()
+            assert image.size == (record["width"], record["height"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [MANIFEST] + [r["file_name"] for r in records[:3]])
+    err = capsys.readouterr().err
+    assert "\r" not in err and "fetch_images: 6/6 images (100%), 3 failed" in err
+
+    server.requests.clear()
+    again = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False)
+    assert again["fetched"] == 0 and again["already_present"] == 3
+    assert again["failed"] == result["failed"]
+    assert sorted(path for path, _ in server.requests) == sorted(r["coco_url"].removeprefix(
+        server.url) for r in records[3:])
+
+
+def test_fetch_images_verifies_present_files_and_refetches_a_damaged_one(server, tmp_path):
+    records = coco_records(server, [("files", 40, 30, 40, 30), ("files", 30, 20, 30, 20)])
+    out = tmp_path / "images"
+    fetch_images(records, out, backoff=TINY_BACKOFF, progress=False)
+    (out / MANIFEST).unlink()                           # no manifest: both are decoded again
+    path = out / records[1]["file_name"]
+    path.write_bytes(path.read_bytes()[:200])           # a truncated JPEG: fetched again
+    server.requests.clear()
+    result = fetch_images(records, out, backoff=TINY_BACKOFF, progress=False)
+    assert result == {"fetched": 1, "already_present": 1, "failed": {}}
+    assert server.requests == [(f"/files/{records[1]['file_name']}", None)]
+    assert path.read_bytes() == server.files[records[1]["file_name"]]
+    lines = (out / MANIFEST).read_text().splitlines()
+    assert sorted(lines) == sorted(f"{r['file_name']}\t{(out / r['file_name']).stat().st_size}"
+                                   for r in records)
+
+
+def test_fetch_images_runs_at_most_workers_downloads_at_once(server, tmp_path):
+    records = coco_records(server, [("files", 16, 16, 16, 16)] * 9)
+    server.delay = 0.1                                  # long enough for requests to overlap
+    result = fetch_images(records, tmp_path, workers=3, progress=False)
+    assert result["fetched"] == 9 and len(server.requests) == 9
+    assert 2 <= server.max_active <= 3
+
+
+def test_fetch_images_refuses_a_bad_record_by_id(tmp_path):
+    good = {"id": 7, "file_name": "7.jpg", "coco_url": "http://x/7.jpg", "width": 1, "height": 1}
+    with pytest.raises(ValueError, match=r"^image record 9: missing coco_url \("):
+        fetch_images([good, {"id": 9, "file_name": "9.jpg", "width": 1, "height": 1}], tmp_path)
+    with pytest.raises(ValueError, match=r"^image record 8: file_name '\.\./8\.jpg' is not"):
+        fetch_images([dict(good, id=8, file_name="../8.jpg")], tmp_path)
+    with pytest.raises(ValueError, match=r"^image record 8: file_name 7\.jpg is also that of "
+                                         r"image record 7$"):
+        fetch_images([good, dict(good, id=8)], tmp_path)
+    with pytest.raises(ValueError, match=r"^image record #1: has no id"):
+        fetch_images([good, {"file_name": "x.jpg"}], tmp_path)
+    assert list(tmp_path.iterdir()) == []
