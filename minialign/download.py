@@ -12,8 +12,6 @@ its bytes in the ".part" file, and the next try (or the next run) asks the serve
 backoff * 2**k seconds (k = 0, 1, ...); any other HTTP 4xx fails at once. Every error is one line
 that starts with the URL (or the image record) and says what to do.
 """
-from __future__ import annotations
-
 import http.client
 import os
 import re
@@ -29,7 +27,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .embeddings import sha256_file
-from .files import append_line, fsync_dir
+from .files import FileError, append_line, fsync_dir
 
 PART_SUFFIX = ".part"                 # dest + PART_SUFFIX holds the bytes of an unfinished download
 CHUNK_BYTES = 64 * 1024               # bytes read from the socket (and written) at a time
@@ -166,22 +164,28 @@ def _get(url, part, timeout, reporter):
             total = int(length) if length and length.isdigit() else None
         received = have
         reporter.start(have, total)
-        with open(part, "ab" if have else "wb") as f:
-            while True:
-                try:
-                    chunk = response.read(CHUNK_BYTES)
-                except (OSError, http.client.HTTPException) as err:
-                    raise _Transient(_reason(err)) from None
-                if not chunk:
-                    break
-                f.write(chunk)
-                received += len(chunk)
-                reporter.add(len(chunk))
-            f.flush()
-            os.fsync(f.fileno())
+        try:                                            # OSErrors here are the local disk's
+            with open(part, "ab" if have else "wb") as f:
+                while chunk := _read(response):
+                    f.write(chunk)
+                    received += len(chunk)
+                    reporter.add(len(chunk))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            raise FileError(err.errno, f"{part}: cannot write ({err.strerror or err}); the bytes "
+                            f"so far are kept, free space and rerun to resume") from None
         if total is not None and received < total:      # http.client returns b"" at a cut
             raise _Transient(f"transfer cut short at {received} of {total} bytes")
         return response.headers.get_content_type()
+
+
+def _read(response):
+    """The next CHUNK_BYTES (or fewer; b"" at the end) of a response; _Transient on a cut."""
+    try:
+        return response.read(CHUNK_BYTES)
+    except (OSError, http.client.HTTPException) as err:
+        raise _Transient(_reason(err)) from None
 
 
 def _content_range(value):
@@ -208,7 +212,6 @@ class _ByteProgress:
 
     def __init__(self, desc, use_bar):
         self.desc, self.use_bar, self.bar = desc, use_bar, None
-        self.done = self.total = self.t0 = self.began = None
 
     def start(self, have, total):
         if self.use_bar and self.bar is None:
@@ -269,8 +272,8 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
 
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        with open(manifest, "ab") as log, \
-                tqdm(total=len(records), unit="img", desc="fetch_images", disable=not use_bar) as bar:
+        with open(manifest, "ab") as log, tqdm(total=len(records), unit="img",
+                                                desc="fetch_images", disable=not use_bar) as bar:
             if log.tell() and not manifest.read_bytes().endswith(b"\n"):
                 log.write(b"\n")                        # a line cut by a killed run stays apart
             futures = {pool.submit(one, record): record for record in records}
@@ -283,9 +286,11 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
                     if detail is not None:
                         append_line(log, detail)
                 rate = counter.total / max(time.perf_counter() - t0, 1e-9) / MB
-                bar.set_postfix(failed=len(result["failed"]), MBps=f"{rate:.1f}", refresh=False)
+                bar.set_postfix_str(f"{len(result['failed'])} failed, {rate:.1f} MB/s",
+                                    refresh=False)
                 bar.update(1)
-                if not use_bar and _plain_due(done - 1, done, len(records)):
+                tenths = [k * PLAIN_PROGRESS_LINES // len(records) for k in (done - 1, done)]
+                if not use_bar and (done == 1 or tenths[1] > tenths[0]):   # first, each ~10%
                     print(f"fetch_images: {done}/{len(records)} images "
                           f"({100 * done // len(records)}%), {len(result['failed'])} failed, "
                           f"{rate:.1f} MB/s", file=sys.stderr)
@@ -363,18 +368,8 @@ def _read_manifest(path):
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return {}
-    verified = {}
-    for line in text.splitlines():
-        name, tab, size = line.partition("\t")
-        if tab and size.isdigit():
-            verified[name] = int(size)
-    return verified
-
-
-def _plain_due(before, after, total, lines=PLAIN_PROGRESS_LINES):
-    """Whether a plain line is due after a count went from `before` to `after` of `total`:
-    after the first item and each time the count crosses a multiple of total / lines."""
-    return before == 0 or after * lines // total > before * lines // total
+    lines = (line.partition("\t") for line in text.splitlines())
+    return {name: int(size) for name, tab, size in lines if tab and size.isdigit()}
 
 
 class _ByteCounter:

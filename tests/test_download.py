@@ -324,3 +324,22 @@ def test_fetch_images_refuses_a_bad_record_by_id(tmp_path):
     with pytest.raises(ValueError, match=r"^image record #1: has no id"):
         fetch_images([good, {"file_name": "x.jpg"}], tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_part_is_one_line_naming_it_and_not_retried(server, tmp_path):
+    server.files["a.bin"] = random_bytes(3000)
+    (tmp_path / "a.bin.part").mkdir()                   # open(part, "wb") fails on any system
+    with pytest.raises(OSError, match=r"^\S+a\.bin\.part: cannot write \(Is a directory\); "):
+        download(f"{server.url}/files/a.bin", tmp_path / "a.bin", progress=False)
+    assert len(server.requests) == 1
+
+
+def test_progress_bars_on_request(server, tmp_path, capsys):
+    data = server.files["a.bin"] = random_bytes(100_000)
+    download(f"{server.url}/cut-once/a.bin", tmp_path / "a.bin", backoff=TINY_BACKOFF,
+             progress=True)                             # the bar is reset for the resumed try
+    records = coco_records(server, [("files", 20, 10, 20, 10), ("missing", 20, 10, 20, 10)])
+    result = fetch_images(records, tmp_path / "images", backoff=TINY_BACKOFF, progress=True)
+    assert (tmp_path / "a.bin").read_bytes() == data and result["fetched"] == 1
+    err = capsys.readouterr().err
+    assert "a.bin: 100%" in err and "fetch_images: 100%" in err and "1 failed" in err
