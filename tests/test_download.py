@@ -2,8 +2,9 @@
 
 The server's paths are test knobs: /files/NAME serves a file (with Range -> 206), /cut-once/NAME
 sends half of it then closes on the first request only, /cut-always/NAME always does, /flaky/NAME
-answers 500 twice then serves, /norange/NAME ignores Range (200), /html/NAME is an HTML error
-page with status 200, anything else is 404. Every request is recorded with its Range header.
+answers 500 twice then serves, /stall-once/NAME says nothing for 0.5 s on the first request,
+/norange/NAME ignores Range (200), /html/NAME is an HTML error page with status 200, anything
+else is 404. Every request is recorded with its Range header.
 """
 import hashlib
 import io
@@ -19,6 +20,7 @@ from PIL import Image
 from minialign.download import MANIFEST, DownloadError, download, fetch_images
 
 TINY_BACKOFF = 0.01   # seconds: retries in tests wait 0.01, 0.02, 0.04, ...
+STALL_SECONDS = 0.5   # /stall-once/ answers this late, after a client timeout of 0.2 s
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -43,10 +45,13 @@ class Handler(BaseHTTPRequestHandler):
         knob, _, name = self.path.strip("/").partition("/")
         data = self.server.files.get(name)
         if data is None or knob not in ("files", "cut-once", "cut-always", "flaky", "norange",
-                                        "html"):
+                                        "html", "stall-once"):
             return self.reply(404, b"not found", "text/plain")
         if knob == "html":
             return self.reply(200, b"<html><body>Service unavailable</body></html>", "text/html")
+        if knob == "stall-once" and seen == 1:
+            time.sleep(STALL_SECONDS)                   # the client has given up by now
+            return None
         if knob == "flaky" and seen <= 2:
             return self.reply(500, b"try later", "text/plain")
         start = 0
@@ -189,6 +194,14 @@ def test_server_error_is_retried_until_it_succeeds(server, tmp_path):
              progress=False)
     assert (tmp_path / "a.bin").read_bytes() == data
     assert [path for path, _ in server.requests] == ["/flaky/a.bin"] * 3
+
+
+def test_timeout_is_retried(server, tmp_path, capsys):
+    data = server.files["a.bin"] = random_bytes(3000)
+    url = f"{server.url}/stall-once/a.bin"
+    download(url, tmp_path / "a.bin", timeout=0.2, backoff=TINY_BACKOFF, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == data and len(server.requests) == 2
+    assert f"{url}: timed out; retry 1/4 in 0.0 s" in capsys.readouterr().err
 
 
 def test_not_found_fails_at_once(server, tmp_path):
