@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import minialign.download as download_module
 from minialign.download import MANIFEST, DownloadError, download, fetch_images
 
 TINY_BACKOFF = 0.01   # seconds: retries in tests wait 0.01, 0.02, 0.04, ...
@@ -271,7 +272,7 @@ def coco_records(server, sizes):
 
 
 def test_fetch_images_reports_failures_by_id_and_a_rerun_fetches_only_those(server, tmp_path,
-                                                                            capsys):
+                                                                            capsys, monkeypatch):
     records = coco_records(server, [("files", 40, 30, 40, 30), ("cut-once", 32, 48, 32, 48),
                                     ("files", 24, 24, 24, 24), ("html", 40, 30, 40, 30),
                                     ("files", 50, 37, 64, 48), ("missing", 40, 30, 40, 30)])
@@ -293,8 +294,12 @@ def test_fetch_images_reports_failures_by_id_and_a_rerun_fetches_only_those(serv
     assert "\r" not in err and "fetch_images: 6/6 images (100%), 3 failed" in err
 
     server.requests.clear()
+    opened, real_open = [], Image.open                  # the images the rerun decodes
+    monkeypatch.setattr(download_module.Image, "open",
+                        lambda path: opened.append(path.name) or real_open(path))
     again = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False)
     assert again["fetched"] == 0 and again["already_present"] == 3
+    assert sorted(opened) == [r["file_name"] for r in records[3:5]]   # in .verified.tsv: not
     assert again["failed"] == result["failed"]
     assert sorted(path for path, _ in server.requests) == sorted(r["coco_url"].removeprefix(
         server.url) for r in records[3:])
