@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .embeddings import sha256_file
-from .files import atomic_write_bytes, fsync_dir, read_json
+from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
 from .flags import nonnegative_int, positive_int
 from .tokenizer import clean_caption, has_word
 
@@ -133,7 +133,8 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, val_sha256=
             extract_captions(zip_path, tmp, val_sha256)
         except ValueError as err:
             zip_path.unlink(missing_ok=True)
-            raise ValueError(f"{err}; deleted it, rerun `make data` to download it again") from None
+            raise ValueError(f"{err}; deleted it, rerun `make data` to download it "
+                             f"again") from None
         if final.exists():                           # a damaged one: keep files not ours
             for extra in final.iterdir():
                 if not (tmp / extra.name).exists():
@@ -231,7 +232,8 @@ def ensure_subset(captions_path, out_path, num_photos, seed, force=False):
     one line) unless force. Returns out_path."""
     if Path(out_path).exists():
         info = read_subset_info(out_path) or {}
-        want = {"num_photos": num_photos, "seed": seed, "source_sha256": sha256_file(captions_path)}
+        want = {"num_photos": num_photos, "seed": seed,
+                "source_sha256": sha256_file(captions_path)}
         found = {key: info.get(key) for key in want}
         if found == want:
             print(f"{out_path}: subset complete ({num_photos} photos, seed {seed}), skipped",
@@ -282,14 +284,16 @@ def add_data_args(p):
 
 
 def run_data(args):
-    """`python -m minialign data`: annotations -> subset -> its images; prints what to run next."""
-    paths = get_annotations(args.root, args.annotations_url)
-    subset = ensure_subset(paths["train"], subset_path(args.root, args.num_photos, args.seed),
-                           args.num_photos, args.seed, args.force)
-    made = [paths["train"], paths["val"], subset]
-    if args.images:
-        fetch_subset_images(subset, args.root / "train2017", args.workers)
-        made.append(args.root / "train2017")
+    """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
+    One process at a time per --root (files.DirLock)."""
+    with DirLock(args.root):
+        paths = get_annotations(args.root, args.annotations_url)
+        subset = ensure_subset(paths["train"], subset_path(args.root, args.num_photos, args.seed),
+                               args.num_photos, args.seed, args.force)
+        made = [paths["train"], paths["val"], subset]
+        if args.images:
+            fetch_subset_images(subset, args.root / "train2017", args.workers)
+            made.append(args.root / "train2017")
     print("ready: " + ", ".join(str(p) for p in made))
     print("next: `make embeddings` (the DINOv2 embeddings of the subset's photos, once), "
           "then `make replicate`" if args.images else

@@ -329,7 +329,8 @@ def run_evaluate(args):
     """Evaluate every --run, store image alignment in each metrics.json, print a summary.
     Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
     --embeddings file that does not exist, ValueError for a bad run or a corrupt or
-    mismatched embeddings file (one missing any val or test photo of a run); omitting --embeddings only limits the output to the text side."""
+    mismatched embeddings file (one missing any val or test photo of a run); omitting
+    --embeddings only limits the output to the text side."""
     runs = [check_run_dir(r) for r in args.run]              # bad input fails before any work
     configs = [read_run_config(r) for r in runs]              # each config.json, checked
     config = configs[0]
