@@ -1,15 +1,18 @@
 # minialign: every target is one documented python -m minialign command; see README.md.
 PY         ?= python
+# The replication's photos: ONE subset file (`make data`) that training, evaluation and the
+# DINOv2 export (`make embeddings`) all read, so every test photo has its image embedding.
+SUBSET     ?= coco/captions_train2017_subset10000_seed0.json
+CAPTIONS   ?= $(SUBSET)
+EMBEDDINGS ?= embeddings/coco_train2017_subset10000_seed0_dinov2-base.npz
 SHARED     ?= ../shared/coco
-CAPTIONS   ?= $(SHARED)/captions_val2017.json
-EMBEDDINGS ?= embeddings/coco_val2017_dinov2-base.npz
 IMAGE_EVAL ?= on
 OBJECTIVE  ?= good_views
 STEPS      ?= 3000
 SEED       ?= 0
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
 
-.PHONY: install install-export test train bench embeddings demo replicate replicate-quick report
+.PHONY: install install-export test data embeddings train bench demo replicate replicate-quick report
 
 install:            ## numpy, pillow, tqdm + pytest
 	$(PY) -m pip install -e '.[test]'
@@ -21,7 +24,23 @@ install-export:     ## + torch (CPU build, ~190 MB) and transformers, for the on
 test:
 	$(PY) -m pytest -q
 
+# one line, exit 2, when the captions file is missing: which make command creates it
+CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \
+	downloads the COCO captions and writes $(SUBSET)' >&2; exit 2; }
+
+data:               ## one-time (internet): COCO captions, the 10,000-photo subset, its photos -> coco/
+	$(PY) -m minialign data
+
+embeddings: $(EMBEDDINGS)  ## one-time: DINOv2 embeddings of the subset's photos (make install-export first)
+
+$(EMBEDDINGS): | $(SUBSET)
+	$(PY) -m minialign export --captions $(SUBSET) --images coco/train2017 --out $(EMBEDDINGS)
+
+$(SUBSET):
+	$(PY) -m minialign data
+
 train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1
+	$(CHECK_CAPTIONS)
 	$(PY) -m minialign train --objective $(OBJECTIVE) --captions $(CAPTIONS) \
 	    --steps $(STEPS) --seed $(SEED) --out $(RUN)
 
@@ -37,13 +56,24 @@ DEMO       ?= results/synthetic
 DEMO_WORLD ?= $(DEMO)/world
 
 replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-3 + per-objective lr search
+	$(CHECK_CAPTIONS)
 	$(PY) -m minialign replicate --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) \
 	    --image-eval $(IMAGE_EVAL) --out $(RESULTS)
 
 # The classroom version, sized for ~11 min on 2 cores: one seed, no lr search, 200 steps of
-# 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token)
+# 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token).
+# No download needed: the first captions file that exists of the subset, your COCO val2017
+# captions, and this machine's shared copy (a test fixture); embeddings to match.
+QUICK_CAPTIONS   ?= $(firstword $(wildcard $(SUBSET) coco/annotations/captions_val2017.json \
+                                          $(SHARED)/captions_val2017.json))
+QUICK_EMBEDDINGS ?= $(strip $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDINGS),\
+                        embeddings/coco_val2017_dinov2-base.npz))
+CHECK_QUICK = @test -n "$(QUICK_CAPTIONS)" || { echo 'no captions file: none of $(SUBSET), \
+	coco/annotations/captions_val2017.json, $(SHARED)/captions_val2017.json exists; \
+	`make data` creates one' >&2; exit 2; }
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
-	$(PY) -m minialign replicate --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) \
+	$(CHECK_QUICK)
+	$(PY) -m minialign replicate --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
 	    --image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
 	    --warmup-steps 20 --eval-every 50 --lr-search off
 

@@ -5,6 +5,7 @@ import sys
 
 RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest continues
     "train": "rerun the same command with --resume to continue from the last checkpoint",
+    "data": "rerun the same command: finished steps are skipped",
     "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
                  "continues from its last checkpoint",
 }
@@ -21,7 +22,7 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
 
 def main(argv=None):
-    from . import bench, evaluate, replicate, report, synthetic, train
+    from . import bench, coco, evaluate, replicate, report, synthetic, train
     parser = argparse.ArgumentParser(
         prog="python -m minialign",
         description="Good views vs next-token prediction for text-image alignment, in NumPy.")
@@ -33,6 +34,9 @@ def main(argv=None):
                                 formatter_class=DefaultsFormatter))
         commands[name] = run
 
+    command("data", "one-time: COCO 2017 captions, the replication's 10,000-photo subset and "
+            "its photos",
+            coco.add_data_args, coco.run_data)
     command("train", "train a text encoder with one objective on COCO captions",
             train.add_train_args, train.run_train)
     command("bench", "time training steps of each objective against numpy's GEMM peak",

@@ -232,3 +232,35 @@ def sha256_file(path):
         for chunk in iter(lambda: f.read(HASH_CHUNK_BYTES), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_split_coverage(emb, captions, split_ids, flag="--captions"):
+    """Refuse embeddings that miss photos of a run's val or test split, before any work.
+    emb: ImageEmbeddings; captions: the run's captions JSON path; split_ids: {"val": (P_val,),
+    "test": (P_test,)} integer image ids (data.split_photos of those captions); flag: how the
+    message names the captions ("--captions", or "the run's captions").
+    Raises ValueError, one line starting with emb.path: which captions file the embeddings
+    were made from (meta captions_file, captions_sha256), how many photos of each split have
+    no embedding, and the command that makes the right file (`make embeddings`)."""
+    missing = {name: int(np.isin(ids, emb.image_ids, invert=True).sum())
+               for name, ids in split_ids.items()}
+    if not any(missing.values()):
+        return
+    counts = " and ".join(f"{n} of the {len(split_ids[name])} {name} photos"
+                          for name, n in sorted(missing.items(), key=lambda kv: kv[0] != "test")
+                          if n)
+    made_sha, sha = emb.meta.get("captions_sha256"), None
+    if Path(captions).is_file():
+        sha = sha256_file(captions)
+    theirs = f"{flag} {captions} (sha256 {sha[:12] + '...' if sha else 'unknown: file not found'})"
+    if not emb.meta.get("captions_file") and not made_sha:
+        made = "made from an unknown captions file, and for"
+    elif made_sha == sha:
+        made = (f"made from this same captions file but only from some of its photos "
+                f"(num_photos {emb.meta.get('num_photos')}), so for")
+    else:
+        made = (f"made from {emb.meta.get('captions_file') or 'a captions file'} (sha256 "
+                f"{(made_sha or 'unknown')[:12]}...), but")
+        theirs += " is another file:"
+    raise ValueError(f"{emb.path}: {made} {theirs} {counts} have no embedding; export the "
+                     f"embeddings from {captions} (`make embeddings`)")

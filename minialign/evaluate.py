@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from .files import atomic_write_json, load_npz, read_json
-from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
+from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
+                         sha256_file)
 from .metrics import DEFAULT_KS, MUTUAL_KNN_K, mutual_knn, procrustes_recall, slot_metrics
 from .checkpoint import read_run_config
 from .train import text_metrics
@@ -174,12 +175,24 @@ def chance_levels(steps):
     return chance
 
 
-def evaluate_run(run_dir, emb, write=True):
+def split_photo_ids(files, loaded):
+    """{"val": ids, "test": ids}: the slot-0 image ids (every photo has a slot 0) of the last
+    saved file of each split, i.e. all photos of the run's val and test splits."""
+    ids = {}
+    for by_split in files.values():
+        ids.update({split: loaded[by_split[split]][0][0] for split in ("val", "test")
+                    if split in by_split})
+    return ids
+
+
+def evaluate_run(run_dir, emb, write=True, every_photo=False):
     """Score every saved step of one run. run_dir: a training run directory; emb: loaded
     ImageEmbeddings, or None for the text-side metrics only. With emb and write, the result
     (less "run") is stored in run_dir/metrics.json under "image_alignment".
     Returns {"run", "objective", "seed", "k", "embeddings", "join", "chance", "fit",
     "steps": [{"step", "val": {...}, "test": {...} at the final step}]}.
+    every_photo: refuse embeddings that miss any val or test photo of the run
+    (embeddings.check_split_coverage) instead of scoring the photos they have.
     Raises ValueError naming run_dir or a file for a bad run, a bad saved file, or image
     embeddings that miss the run's photos or are narrower than the captions."""
     run_dir = check_run_dir(run_dir)
@@ -196,6 +209,9 @@ def evaluate_run(run_dir, emb, write=True):
         if emb.embeddings.shape[1] < width:
             raise ValueError(f"{emb.path}: image embeddings are {emb.embeddings.shape[1]}-d, "
                              f"narrower than the {width}-d captions of {run_dir}")
+        if every_photo:
+            check_split_coverage(emb, config.get("captions") or "(not recorded)",
+                                 split_photo_ids(files, loaded), flag="the run's captions")
         run_ids = np.unique(np.concatenate([ids for slots in loaded.values() for ids, _ in slots]))
         try:
             result["join"] = join_on_ids(run_ids, emb)[2]
@@ -313,7 +329,8 @@ def run_evaluate(args):
     """Evaluate every --run, store image alignment in each metrics.json, print a summary.
     Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
     --embeddings file that does not exist, ValueError for a bad run or a corrupt or
-    mismatched embeddings file; omitting --embeddings only limits the output to the text side."""
+    mismatched embeddings file (one missing any val or test photo of a run); omitting
+    --embeddings only limits the output to the text side."""
     runs = [check_run_dir(r) for r in args.run]              # bad input fails before any work
     configs = [read_run_config(r) for r in runs]              # each config.json, checked
     config = configs[0]
@@ -327,7 +344,7 @@ def run_evaluate(args):
     if emb is not None:                                      # a bad metrics.json: before work
         for run_dir in runs:
             read_metrics(run_dir)
-    results = [evaluate_run(r, emb, write=False) for r in runs]
+    results = [evaluate_run(r, emb, write=False, every_photo=True) for r in runs]
     if emb is not None:                                      # every run scored: now write
         for run_dir, result in zip(runs, results):
             write_image_alignment(run_dir, result)

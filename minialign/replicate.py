@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, evaluate, train
-from .data import load_coco_captions
+from .data import load_coco_captions, split_photos
 from .files import DirLock, atomic_write_json, read_json
-from .embeddings import describe_join, join_on_ids, load_embeddings, sha256_file
+from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
+                         sha256_file)
 from .flags import (UniqueList, check_heads_divide_width, int_at_least, nonnegative_int,
                     positive_float, positive_int)
 from .model import ModelConfig
@@ -298,8 +299,9 @@ def missing_embeddings_message(path, captions):
     """Why replicate stops before training when the embeddings file is absent, and what to do."""
     command = evaluate.EXPORT_COMMAND.format(captions=captions, out=path)
     return (f"{path} does not exist, and image alignment (mutual-kNN, R@1) needs these frozen "
-            f"DINOv2 image embeddings. Make them once (COCO images + the [export] extra; see "
-            f"embeddings/README.md):\n  {command}\nor, to train text-only now (hours of "
+            f"DINOv2 image embeddings. Make them once with `make embeddings` (after `make "
+            f"data`; COCO images + the [export] extra; see embeddings/README.md):\n"
+            f"  {command}\nor, to train text-only now (hours of "
             f"training; the image columns then read 'pending'), say so explicitly: "
             f"`make replicate IMAGE_EVAL=off` / `--image-eval off`. The image numbers can be "
             f"filled in later without retraining: rerun this command with the embeddings "
@@ -368,7 +370,8 @@ def protocol_from_args(args):
 
 def load_image_embeddings(args):
     """The embeddings to score against, None with --image-eval off; checked against the
-    captions before any training. Raises FileNotFoundError (with what to do) when absent."""
+    captions before any training. Raises FileNotFoundError (with what to do) when absent,
+    ValueError (embeddings.check_split_coverage) when a val or test photo has no embedding."""
     if args.image_eval == "off":
         print("[replicate] image evaluation off: mutual-kNN and R@1 will read 'pending'",
               flush=True)
@@ -376,8 +379,11 @@ def load_image_embeddings(args):
     if not Path(args.embeddings).is_file():
         raise FileNotFoundError(missing_embeddings_message(args.embeddings, args.captions))
     emb = load_embeddings(args.embeddings)
-    print("[replicate] " + describe_join(join_on_ids(
-        load_coco_captions(args.captions).image_ids, emb)[2]), flush=True)
+    image_ids = load_coco_captions(args.captions).image_ids                 # (P,)
+    split = split_photos(image_ids, train.TrainConfig().split_seed)         # as train.prepare
+    check_split_coverage(emb, args.captions, {name: image_ids[split[name]]
+                                              for name in ("val", "test")})
+    print("[replicate] " + describe_join(join_on_ids(image_ids, emb)[2]), flush=True)
     return emb
 
 

@@ -228,12 +228,29 @@ def test_not_a_run_directory_is_an_error_naming_it(tmp_path):
 def test_embeddings_of_other_photos_are_an_error(world, tmp_path):
     run = copy_run(world, "good_views", tmp_path)
     other = fake_embeddings(tmp_path / "other.npz", np.arange(10**7, 10**7 + 50), dim=64)
-    with pytest.raises(ValueError, match="other.npz: none of the"):
+    with pytest.raises(ValueError, match="other.npz: made from an unknown captions file, and "
+                       "for the run's captions .* 60 of the 60 test photos and 60 of the 60 val "
+                       "photos have no embedding"):
         cli("--run", run, "--embeddings", other)
     assert "image_alignment" not in json.loads((run / "metrics.json").read_text())
     narrow = fake_embeddings(tmp_path / "narrow.npz", np.arange(1, 50), dim=TINY.d_model - 1)
     with pytest.raises(ValueError, match="narrow.npz: image embeddings are 31-d"):
         cli("--run", run, "--embeddings", narrow)
+
+
+def test_embeddings_of_another_captions_file_are_one_line_naming_both(world, tmp_path):
+    """A run trained on one world, scored against the embeddings of another (issue #9)."""
+    run = copy_run(world, "good_views", tmp_path)
+    _, other = synthetic.write_world(tmp_path / "other", n_scenes=N_SCENES, seed=1)
+    with pytest.raises(ValueError) as err:
+        cli("--run", run, "--embeddings", other)
+    made = load_embeddings(other).meta["captions_sha256"][:12]
+    assert str(err.value) == (
+        f"{other}: made from a captions file (sha256 {made}...), but the run's captions "
+        f"{world['captions']} (sha256 {sha256_file(world['captions'])[:12]}...) is another "
+        f"file: 60 of the 60 test photos and 60 of the 60 val photos have no embedding; "
+        f"export the embeddings from {world['captions']} (`make embeddings`)")
+    assert "image_alignment" not in json.loads((run / "metrics.json").read_text())
 
 
 def minialign_imports(module):

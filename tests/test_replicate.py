@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from minialign import evaluate, replicate, report, synthetic, train
-from minialign.embeddings import load_embeddings
+from minialign.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -204,3 +204,41 @@ def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch)
     assert any(word in record["error"] for word in ("nan", "inf", "float16"))
     assert replicate.selection_score(run, "mutual_knn") == -math.inf
     assert report.run_numbers(run)["status"] == "diverged"
+
+
+def test_embeddings_of_another_captions_file_stop_before_training(grid, tmp_path):
+    """Embeddings of another world (the bug of issue #9: train2017 captions, subset
+    embeddings) are refused in one line, before --out is touched."""
+    _, other = synthetic.write_world(tmp_path / "other", n_scenes=300, seed=1)
+    parser = argparse.ArgumentParser()
+    replicate.add_replicate_args(parser)
+    args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),
+                              "--embeddings", str(other), "--batch-photos", "16"])
+    with pytest.raises(ValueError) as err:
+        replicate.run_replicate(args)
+    made = load_embeddings(other).meta["captions_sha256"][:12]
+    theirs = sha256_file(grid["captions"])[:12]
+    assert str(err.value) == (
+        f"{other}: made from a captions file (sha256 {made}...), but --captions "
+        f"{grid['captions']} (sha256 {theirs}...) is another file: 60 of the 60 test photos "
+        f"and 60 of the 60 val photos have no embedding; export the embeddings from "
+        f"{grid['captions']} (`make embeddings`)")
+    assert not (tmp_path / "r").exists()
+
+
+def test_embeddings_of_some_photos_of_the_same_file_are_refused(grid, tmp_path):
+    """The old `export --num-photos` on the very captions file used for training."""
+    emb = load_embeddings(grid["embeddings"])
+    keep = np.arange(len(emb.image_ids)) % 10 != 0                        # 30 photos gone
+    meta = {**emb.meta, "captions_file": "captions_synthetic.json", "num_photos": 270,
+            "count": 270}
+    part = save_embeddings(tmp_path / "part.npz", emb.image_ids[keep], emb.embeddings[keep], meta)
+    parser = argparse.ArgumentParser()
+    replicate.add_replicate_args(parser)
+    args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),
+                              "--embeddings", str(part)])
+    with pytest.raises(ValueError, match=r"part.npz: made from this same captions file but only "
+                       r"from some of its photos \(num_photos 270\), so for --captions .* "
+                       r"\d+ of the 60 test photos and \d+ of the 60 val photos have no "
+                       r"embedding; export the embeddings from .* \(`make embeddings`\)$"):
+        replicate.load_image_embeddings(args)

@@ -1,0 +1,301 @@
+"""COCO 2017 on disk: the caption annotations, the replication's subset, its images.
+
+    python -m minialign data [--root coco] [--num-photos 10000] [--seed 0] [--no-images]
+
+The replication trains and evaluates on 10,000 photos of COCO train2017 (split 8000 / 1000 /
+1000 by data.split_photos) and needs a DINOv2 embedding of exactly those photos. So one file,
+the subset, is the photo list of every later step (train, replicate, export):
+
+    coco/annotations/captions_train2017.json, captions_val2017.json, MANIFEST.sha256
+    coco/captions_train2017_subset10000_seed0.json   the subset (COCO captions format)
+    coco/train2017/000000000009.jpg ...               the subset's photos, and no others
+
+Every step is skipped when its output is already complete, and writes atomically (a
+temporary name, then a rename), so Ctrl-C at any point and a rerun lose nothing.
+"""
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .embeddings import sha256_file
+from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
+from .flags import nonnegative_int, positive_int
+from .tokenizer import clean_caption, has_word
+
+ANNOTATIONS_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
+ANNOTATIONS_ZIP = "annotations_trainval2017.zip"     # ~241 MB, saved under --root, then deleted
+TRAIN_CAPTIONS = "annotations/captions_train2017.json"  # the two zip members we extract
+VAL_CAPTIONS = "annotations/captions_val2017.json"
+# sha256 of the official captions_val2017.json (checked on ../shared/coco/captions_val2017.json)
+VAL_CAPTIONS_SHA256 = "1018a8760deaf1fc71be2f1b8da1a1348b9c35994af4322ca2fd795a78abb79c"
+MANIFEST = "MANIFEST.sha256"      # "sha256  name" lines, as `sha256sum` prints them
+TMP_PREFIX = ".annotations.tmp-"  # extraction folder, renamed to annotations/ when verified
+COPY_CHUNK_BYTES = 1 << 20        # bytes per read when extracting
+MIN_CAPTIONS = 5                  # a subset photo has >= 5 captions (train2017 photos: 5-7)
+SUBSET_FORMAT = 1                 # info["minialign_subset"]["format"] written and read here
+SUBSET_RULE = (f"photos with >= {MIN_CAPTIONS} captions, >= 2 of them distinct after "
+               "minialign.data's cleaning, sorted by id; the first num_photos of "
+               "np.random.default_rng(seed).permutation of them, sorted by id")
+NUM_EXAMPLES = 10                 # ids quoted in a message
+
+
+# ---------------------------------------------------------------- the annotations
+def manifest_problems(folder):
+    """What is wrong with `folder` against its MANIFEST.sha256: a list of one-phrase problems
+    ("captions_train2017.json missing", "... damaged (sha256 differs)"), [] if every listed
+    file matches, ["no MANIFEST.sha256"] if there is none."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return [f"no {MANIFEST}"]
+    problems = []
+    for line in filter(str.strip, (folder / MANIFEST).read_text().splitlines()):
+        digest, _, name = line.strip().partition("  ")
+        if not name:
+            problems.append(f"{MANIFEST} unreadable")
+        elif not (folder / name).is_file():
+            problems.append(f"{name} missing")
+        elif sha256_file(folder / name) != digest:
+            problems.append(f"{name} damaged (sha256 differs from {MANIFEST})")
+    return problems
+
+
+def write_manifest(folder, names):
+    """folder/MANIFEST.sha256 with one "sha256  name" line per file name."""
+    lines = "".join(f"{sha256_file(Path(folder) / n)}  {n}\n" for n in names)
+    atomic_write_bytes(Path(folder) / MANIFEST, lines.encode())
+
+
+def extract_captions(zip_path, folder, val_sha256=VAL_CAPTIONS_SHA256):
+    """Check the archive (every member's CRC) and extract only its two captions JSON files
+    into `folder`, then write folder/MANIFEST.sha256. Raises ValueError, one line naming the
+    zip, for a truncated or corrupt archive, a missing member, or a captions_val2017.json
+    whose sha256 is not val_sha256 (another file than the official one)."""
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            bad = zf.testzip()
+            if bad is not None:
+                raise ValueError(f"{zip_path}: corrupt download (bad CRC in {bad})")
+            for member in (TRAIN_CAPTIONS, VAL_CAPTIONS):
+                with zf.open(member) as src, open(Path(folder) / Path(member).name, "wb") as dst:
+                    shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
+    except (zipfile.BadZipFile, EOFError, zlib.error) as err:
+        raise ValueError(f"{zip_path}: not a complete zip archive (truncated? {err})") from None
+    except KeyError:
+        raise ValueError(f"{zip_path}: holds no {member}; not the COCO 2017 annotations") from None
+    found = sha256_file(Path(folder) / Path(VAL_CAPTIONS).name)
+    if found != val_sha256:
+        raise ValueError(f"{zip_path}: its {VAL_CAPTIONS} has sha256 {found[:12]}..., not the "
+                         f"official {val_sha256[:12]}...; check --annotations-url")
+    write_manifest(folder, [Path(m).name for m in (TRAIN_CAPTIONS, VAL_CAPTIONS)])
+
+
+def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, val_sha256=None):
+    """COCO 2017 captions in root/annotations/: download once, verify, extract, keep.
+    Skipped (no network) when root/annotations/MANIFEST.sha256 matches every file; a damaged
+    or missing file is named and the folder extracted again; a folder without a manifest
+    (unzipped by hand) is adopted if its captions_val2017.json is the official file. Otherwise
+    downloads url to root/annotations_trainval2017.zip (minialign.download.download), checks
+    it, extracts the two captions files into root/.annotations.tmp-XXXX and renames that to
+    root/annotations (so annotations/ is never half-extracted), then deletes the zip.
+    val_sha256: the expected sha256 of captions_val2017.json (None: VAL_CAPTIONS_SHA256).
+    Returns {"train": path, "val": path}. Raises ValueError (bad or other archive; the zip is
+    deleted so a rerun downloads it again) or OSError (network, disk), one line each."""
+    val_sha256 = val_sha256 or VAL_CAPTIONS_SHA256
+    root, final = Path(root), Path(root) / "annotations"
+    paths = {"train": final / Path(TRAIN_CAPTIONS).name, "val": final / Path(VAL_CAPTIONS).name}
+    for stale in root.glob(TMP_PREFIX + "*"):       # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
+    if final.is_dir():
+        problems = manifest_problems(final)
+        if not problems:
+            print(f"{final}: complete ({MANIFEST} matches), skipped", flush=True)
+            return paths
+        if problems == [f"no {MANIFEST}"] and paths["train"].is_file() \
+                and paths["val"].is_file() and sha256_file(paths["val"]) == val_sha256:
+            write_manifest(final, [paths["train"].name, paths["val"].name])
+            print(f"{final}: captions found (unzipped by hand), {MANIFEST} written", flush=True)
+            return paths
+        print(f"{final}: {'; '.join(problems)}; extracting the captions again", flush=True)
+    root.mkdir(parents=True, exist_ok=True)
+    zip_path = root / ANNOTATIONS_ZIP
+    from . import download                           # lazily: only this step needs the network
+    download.download(url, zip_path, progress=progress)
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
+    try:
+        try:
+            extract_captions(zip_path, tmp, val_sha256)
+        except ValueError as err:
+            zip_path.unlink(missing_ok=True)
+            raise ValueError(f"{err}; deleted it, rerun `make data` to download it "
+                             f"again") from None
+        if final.exists():                           # a damaged one: keep files not ours
+            for extra in final.iterdir():
+                if not (tmp / extra.name).exists():
+                    os.replace(extra, tmp / extra.name)
+            os.replace(final, tmp.with_name(tmp.name + "-old"))
+        os.replace(tmp, final)
+        fsync_dir(root)
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-old")):
+            shutil.rmtree(leftover, ignore_errors=True)
+    zip_path.unlink()
+    print(f"{final}: extracted and verified; deleted {zip_path} (~241 MB, no longer needed)",
+          flush=True)
+    return paths
+
+
+# ---------------------------------------------------------------- the subset
+def subset_path(root="coco", num_photos=10000, seed=0):
+    """Default subset file: root/captions_train2017_subset{num_photos}_seed{seed}.json."""
+    return Path(root) / f"captions_train2017_subset{num_photos}_seed{seed}.json"
+
+
+def eligible_photos(coco):
+    """The "images" records of a parsed COCO captions dict that have >= MIN_CAPTIONS
+    annotations, at least 2 of them distinct after cleaning (tokenizer.clean_caption, with a
+    word), so that data.load_coco_captions keeps each of them. Sorted by id."""
+    by_photo = {}
+    for ann in coco["annotations"]:
+        by_photo.setdefault(ann["image_id"], []).append(ann["caption"])
+
+    def two_distinct(captions):          # cleans only until two distinct captions are seen
+        seen = set()
+        for caption in map(clean_caption, captions):
+            if has_word(caption):
+                seen.add(caption)
+                if len(seen) == 2:
+                    return True
+        return False
+    return sorted((img for img in coco["images"] if len(by_photo.get(img["id"], ())) >=
+                   MIN_CAPTIONS and two_distinct(by_photo[img["id"]])), key=lambda img: img["id"])
+
+
+def choose_subset(coco, num_photos=10000, seed=0, where="captions file"):
+    """A seeded subset of a parsed COCO captions dict, as a COCO captions dict.
+    Eligible: the photos with at least MIN_CAPTIONS = 5 captions (eligible_photos; every
+    train2017 photo has 5-7). Chosen: the first num_photos of
+    np.random.default_rng(seed).permutation of the id-sorted eligible photos, sorted by id.
+    Returns {"info": coco's info + "minialign_subset": {num_photos, seed, eligible_photos,
+    rule, format}, "licenses", "images": the chosen records (all their fields), "annotations":
+    theirs, in file order}. Raises ValueError naming `where` if num_photos > eligible photos."""
+    eligible = eligible_photos(coco)
+    if not 1 <= num_photos <= len(eligible):
+        raise ValueError(f"{where}: cannot choose {num_photos} photos, only {len(eligible)} "
+                         f"of its {len(coco['images'])} photos have >= {MIN_CAPTIONS} captions; "
+                         f"pass --num-photos {len(eligible)} or fewer")
+    order = np.random.default_rng(seed).permutation(len(eligible))[:num_photos]  # (num_photos,)
+    images = [eligible[i] for i in np.sort(order)]
+    chosen = {img["id"] for img in images}
+    info = dict(coco.get("info") or {})
+    info["minialign_subset"] = {"num_photos": num_photos, "seed": seed,
+                                "eligible_photos": len(eligible), "rule": SUBSET_RULE,
+                                "format": SUBSET_FORMAT}
+    return {"info": info, "licenses": coco.get("licenses", []), "images": images,
+            "annotations": [a for a in coco["annotations"] if a["image_id"] in chosen]}
+
+
+def write_subset(captions_path, out_path, num_photos=10000, seed=0):
+    """Write the subset (choose_subset) of a COCO captions JSON to out_path, atomically.
+    info["minialign_subset"] also records source_file (its name) and source_sha256. The
+    bytes depend only on the source file's bytes, num_photos and seed (keys in COCO's order).
+    Returns out_path. Raises FileNotFoundError / ValueError naming the file that is missing,
+    not COCO captions JSON, or has too few eligible photos."""
+    coco = read_json(captions_path, "COCO captions JSON")
+    if not isinstance(coco.get("images"), list) or not isinstance(coco.get("annotations"), list):
+        raise ValueError(f"{captions_path}: not COCO captions format (no 'images' and "
+                         f"'annotations' lists)")
+    subset = choose_subset(coco, num_photos, seed, where=str(captions_path))
+    subset["info"]["minialign_subset"].update(source_file=Path(captions_path).name,
+                                              source_sha256=sha256_file(captions_path))
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out_path, json.dumps(subset, ensure_ascii=False).encode("utf-8"))
+    return Path(out_path)
+
+
+def read_subset_info(path):
+    """info["minialign_subset"] of a subset file, or None for any other captions JSON.
+    Raises FileNotFoundError / ValueError (one line naming it) if it is missing or not JSON."""
+    info = read_json(path, "COCO captions JSON").get("info")
+    return info.get("minialign_subset") if isinstance(info, dict) else None
+
+
+def ensure_subset(captions_path, out_path, num_photos, seed, force=False):
+    """write_subset unless out_path already holds this very subset (same num_photos, seed and
+    source sha256): then it is skipped. Another subset at out_path is refused (ValueError,
+    one line) unless force. Returns out_path."""
+    if Path(out_path).exists():
+        info = read_subset_info(out_path) or {}
+        want = {"num_photos": num_photos, "seed": seed,
+                "source_sha256": sha256_file(captions_path)}
+        found = {key: info.get(key) for key in want}
+        if found == want:
+            print(f"{out_path}: subset complete ({num_photos} photos, seed {seed}), skipped",
+                  flush=True)
+            return Path(out_path)
+        if not force:
+            raise ValueError(f"{out_path}: holds another subset ({found}, wanted {want}); "
+                             f"pass --force to replace it")
+    write_subset(captions_path, out_path, num_photos, seed)
+    info = read_subset_info(out_path)
+    print(f"{out_path}: wrote {num_photos} of {info['eligible_photos']} eligible photos "
+          f"(seed {seed})", flush=True)
+    return Path(out_path)
+
+
+# ---------------------------------------------------------------- the images, and the command
+def fetch_subset_images(subset, images_dir, workers=8, progress=None):
+    """Download the subset file's photos into images_dir (minialign.download.fetch_images).
+    Raises OSError, one line naming the ids that failed and why, if any photo failed."""
+    from . import download
+    records = read_json(subset, "COCO captions JSON")["images"]
+    result = download.fetch_images(records, images_dir, workers=workers, progress=progress)
+    failed = result["failed"]
+    if failed:
+        ids = sorted(failed)
+        reasons = sorted(set(failed.values()))
+        raise OSError(f"{len(ids)} photos could not be fetched: ids {ids[:NUM_EXAMPLES]}"
+                      f"{' ...' if len(ids) > NUM_EXAMPLES else ''} ({'; '.join(reasons[:3])}); "
+                      f"rerun `make data` to retry")
+    print(f"{images_dir}: {result['fetched']} photos fetched, {result['already_present']} "
+          f"already present", flush=True)
+
+
+def add_data_args(p):
+    """The `data` sub-command's options."""
+    p.add_argument("--root", type=Path, default=Path("coco"), help="folder for everything COCO")
+    p.add_argument("--num-photos", type=positive_int, default=10000,
+                   help="photos in the subset, >= 1")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the subset, >= 0")
+    p.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
+                   help="download the subset's photos into ROOT/train2017 (needed once by "
+                        "`make embeddings`)")
+    p.add_argument("--workers", type=positive_int, default=8, help="parallel photo downloads")
+    p.add_argument("--annotations-url", default=ANNOTATIONS_URL,
+                   help="where annotations_trainval2017.zip is downloaded from")
+    p.add_argument("--force", action="store_true",
+                   help="replace a subset file that was made with other settings")
+
+
+def run_data(args):
+    """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
+    One process at a time per --root (files.DirLock)."""
+    with DirLock(args.root):
+        paths = get_annotations(args.root, args.annotations_url)
+        subset = ensure_subset(paths["train"], subset_path(args.root, args.num_photos, args.seed),
+                               args.num_photos, args.seed, args.force)
+        made = [paths["train"], paths["val"], subset]
+        if args.images:
+            fetch_subset_images(subset, args.root / "train2017", args.workers)
+            made.append(args.root / "train2017")
+    print("ready: " + ", ".join(str(p) for p in made))
+    print("next: `make embeddings` (the DINOv2 embeddings of the subset's photos, once), "
+          "then `make replicate`" if args.images else
+          "next: `make replicate IMAGE_EVAL=off` (text only), or rerun with --images and "
+          "`make embeddings`")

@@ -1,0 +1,270 @@
+"""Tests of coco.py: the subset every step shares, the annotations download and extraction,
+and `python -m minialign data` end to end on a zip built here (no network).
+
+The download itself (minialign/download.py) is replaced by a copy of a local file.
+"""
+import hashlib
+import json
+import shutil
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minialign
+from minialign import coco, export
+from minialign.__main__ import main
+from minialign.data import load_coco_captions, split_photos
+
+WORDS = np.array([f"word{i}" for i in range(400)])  # made-up vocabulary
+N_PHOTOS, N_FEW = 30_000, 100                        # photos with 5-7 captions; with 4
+
+
+def made_up_coco(n_photos, seed=0, n_few=0):
+    """A COCO-format captions dict: n_photos photos of 5-7 captions of 8 random words, and
+    n_few photos of only 4 captions (not eligible for a subset); ids random, not ordered."""
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(np.arange(1, 10 * (n_photos + n_few)), n_photos + n_few, replace=False)
+    counts = np.concatenate([rng.integers(5, 8, n_photos), np.full(n_few, 4)])     # (P,)
+    words = WORDS[rng.integers(0, len(WORDS), (int(counts.sum()), 8))].tolist()
+    owner = np.repeat(ids, counts).tolist()
+    images = [{"license": 1, "file_name": f"{i:012d}.jpg", "coco_url":
+               f"http://images.cocodataset.org/train2017/{i:012d}.jpg", "height": 480,
+               "width": 640, "date_captured": "2013-11-14 11:18:45", "id": int(i)}
+              for i in ids.tolist()]
+    annotations = [{"image_id": owner[k], "id": 10 * k + 1, "caption": " ".join(words[k])}
+                   for k in rng.permutation(len(owner)).tolist()]
+    return {"info": {"description": "made up", "year": 2017}, "licenses": [{"id": 1}],
+            "images": images, "annotations": annotations}
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A 30,100-photo captions file and its 10,000-photo subsets with seeds 0 (twice) and 1."""
+    root = tmp_path_factory.mktemp("big")
+    source = root / "captions_train2017.json"
+    source.write_text(json.dumps(made_up_coco(N_PHOTOS, n_few=N_FEW)))
+    return {"source": source, **{name: coco.write_subset(source, root / f"{name}.json", 10000, s)
+                                 for name, s in (("a", 0), ("b", 0), ("other", 1))}}
+
+
+def test_subset_is_seeded_byte_identical_and_complete(big):
+    a, other = json.loads(big["a"].read_text()), json.loads(big["other"].read_text())
+    assert big["a"].read_bytes() == big["b"].read_bytes()
+    ids = [img["id"] for img in a["images"]]
+    assert len(ids) == 10000 and ids == sorted(ids)
+    assert set(ids) != {img["id"] for img in other["images"]}
+    source = json.loads(big["source"].read_text())
+    few = {i for i, n in zip(*np.unique([x["image_id"] for x in source["annotations"]],
+                                        return_counts=True)) if n == 4}
+    assert len(few) == N_FEW and not few & set(ids)          # 4 captions: never chosen
+    chosen = set(ids)
+    want = [x for x in source["annotations"] if x["image_id"] in chosen]
+    assert a["annotations"] == want                           # all theirs, in file order
+    assert a["images"][0] == next(x for x in source["images"] if x["id"] == ids[0])
+    assert list(a) == ["info", "licenses", "images", "annotations"]
+    info = a["info"]["minialign_subset"]
+    assert {k: info[k] for k in ("num_photos", "seed", "eligible_photos", "format")} == {
+        "num_photos": 10000, "seed": 0, "eligible_photos": N_PHOTOS, "format": 1}
+    assert info["source_file"] == "captions_train2017.json"
+    assert info["source_sha256"] == hashlib.sha256(big["source"].read_bytes()).hexdigest()
+    assert a["info"]["description"] == "made up"
+    assert coco.read_subset_info(big["a"]) == info and coco.read_subset_info(big["source"]) is None
+
+
+def test_every_step_sees_the_subset_photos_split_8000_1000_1000(big):
+    subset = json.loads(big["a"].read_text())
+    photos = [(img["id"], img["file_name"]) for img in subset["images"]]
+    assert export.choose_photos(export.read_captioned_photos(big["a"]), None, 0) == photos
+    captions = load_coco_captions(big["a"])
+    assert captions.image_ids.tolist() == [i for i, _ in photos]
+    sizes = {name: len(idx) for name, idx in split_photos(captions.image_ids).items()}
+    assert sizes == {"train": 8000, "val": 1000, "test": 1000}
+
+
+def test_more_photos_than_eligible_is_one_line(tmp_path):
+    source = tmp_path / "c.json"
+    source.write_text(json.dumps(made_up_coco(20, n_few=3)))
+    with pytest.raises(ValueError) as err:
+        coco.write_subset(source, tmp_path / "s.json", num_photos=21)
+    assert str(err.value) == (f"{source}: cannot choose 21 photos, only 20 of its 23 photos "
+                              f"have >= 5 captions; pass --num-photos 20 or fewer")
+    assert not (tmp_path / "s.json").exists()
+
+
+# ---------------------------------------------------------------- the annotations zip
+@pytest.fixture
+def fake_download(monkeypatch):
+    """minialign.download with download() copying a local file (url = its path) and
+    fetch_images() recording its records; returns the list of calls."""
+    try:
+        from minialign import download
+    except ImportError:                       # download.py not merged yet: a stand-in module
+        download = types.ModuleType("minialign.download")
+        monkeypatch.setitem(sys.modules, "minialign.download", download)
+        monkeypatch.setattr(minialign, "download", download, raising=False)
+    calls = []
+
+    def fake(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
+             timeout=60, progress=None):
+        calls.append(("download", url, dest))
+        shutil.copyfile(url, dest)
+        return Path(dest)
+
+    def fetch(records, out_dir, **kwargs):
+        calls.append(("fetch", records, out_dir))
+        return {"fetched": len(records), "already_present": 0, "failed": {}}
+    monkeypatch.setattr(download, "download", fake, raising=False)
+    monkeypatch.setattr(download, "fetch_images", fetch, raising=False)
+    return calls
+
+
+@pytest.fixture
+def zip_of(tmp_path_factory):
+    """A small annotations_trainval2017.zip (stored, not deflated) with both captions files
+    and a member that is not extracted. Returns (zip path, {name: bytes}, val sha256)."""
+    folder = tmp_path_factory.mktemp("zip")
+    files = {"captions_train2017.json": json.dumps(made_up_coco(40, seed=1)).encode(),
+             "captions_val2017.json": json.dumps(made_up_coco(15, seed=2)).encode()}
+    path = folder / coco.ANNOTATIONS_ZIP
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in files.items():
+            zf.writestr(f"annotations/{name}", data)
+        zf.writestr("annotations/instances_val2017.json", b"{}")
+    return path, files, hashlib.sha256(files["captions_val2017.json"]).hexdigest()
+
+
+def test_annotations_extracted_verified_then_skipped(tmp_path, zip_of, fake_download, capsys):
+    url, files, sha = zip_of
+    paths = coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    assert {k: p.read_bytes() for k, p in paths.items()} == {
+        "train": files["captions_train2017.json"], "val": files["captions_val2017.json"]}
+    assert sorted(p.name for p in (tmp_path / "annotations").iterdir()) == [
+        "MANIFEST.sha256", "captions_train2017.json", "captions_val2017.json"]
+    assert (tmp_path / "annotations" / "MANIFEST.sha256").read_text() == "".join(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["annotations"]   # zip deleted
+    assert f"deleted {tmp_path / coco.ANNOTATIONS_ZIP}" in capsys.readouterr().out
+    assert coco.get_annotations(tmp_path, url="nowhere", val_sha256=sha) == paths
+    assert len(fake_download) == 1 and "complete (MANIFEST.sha256 matches), skipped" in \
+        capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda p: p.write_bytes(p.read_bytes()[:-1] + b" "), "captions_train2017.json damaged"),
+    (lambda p: p.unlink(), "captions_train2017.json missing")])
+def test_damaged_or_missing_file_is_named_and_extracted_again(tmp_path, zip_of, fake_download,
+                                                              capsys, damage, said):
+    url, files, sha = zip_of
+    paths = coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    (tmp_path / "annotations" / "notes.txt").write_text("mine")           # kept
+    damage(paths["train"])
+    coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    assert said in capsys.readouterr().out and len(fake_download) == 2
+    assert paths["train"].read_bytes() == files["captions_train2017.json"]
+    assert (tmp_path / "annotations" / "notes.txt").read_text() == "mine"
+    assert coco.manifest_problems(tmp_path / "annotations") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["annotations"]
+
+
+def truncated(path, folder):
+    """The first half of the zip: its central directory is gone."""
+    (folder / path.name).write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    return folder / path.name
+
+
+def bad_crc(path, folder):
+    """One byte changed inside the stored captions_train2017.json (its first member)."""
+    data = path.read_bytes()
+    at = data.index(b'"made up"')
+    (folder / path.name).write_bytes(data[:at] + b'"made uP"' + data[at + 9:])
+    return folder / path.name
+
+
+@pytest.mark.parametrize("make_bad, said", [
+    (truncated, "not a complete zip archive (truncated?"),
+    (bad_crc, "corrupt download (bad CRC in annotations/captions_train2017.json)"),
+])
+def test_bad_archive_is_one_line_and_deleted(tmp_path, zip_of, fake_download, make_bad, said):
+    url, _, sha = zip_of
+    bad = make_bad(url, tmp_path)
+    with pytest.raises(ValueError) as err:
+        coco.get_annotations(tmp_path / "coco", url=bad, val_sha256=sha)
+    zip_path = tmp_path / "coco" / coco.ANNOTATIONS_ZIP
+    assert str(err.value).startswith(f"{zip_path}: {said}") and "\n" not in str(err.value)
+    assert str(err.value).endswith("deleted it, rerun `make data` to download it again")
+    assert sorted((tmp_path / "coco").iterdir()) == []          # no zip, no folder
+
+
+def test_another_val_file_is_refused(tmp_path, zip_of, fake_download):
+    url, _, sha = zip_of
+    with pytest.raises(ValueError, match=f"annotations_trainval2017.zip: its annotations/"
+                       f"captions_val2017.json has sha256 {sha[:12]}..., not the official "
+                       f"1018a8760dea...; check --annotations-url"):
+        coco.get_annotations(tmp_path, url=url)                 # the real file's sha256
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_failure_during_extraction_never_leaves_a_half_folder(tmp_path, zip_of, fake_download,
+                                                              monkeypatch):
+    url, _, sha = zip_of
+
+    def interrupted(folder, names):                   # both files are out, manifest is not
+        assert len(list(Path(folder).iterdir())) == 2
+        raise KeyboardInterrupt
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(coco, "write_manifest", interrupted)
+        coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    assert [p.name for p in tmp_path.iterdir()] == [coco.ANNOTATIONS_ZIP]   # kept for a rerun
+    (tmp_path / ".annotations.tmp-killed").mkdir()    # what a SIGKILL would leave
+    (tmp_path / ".annotations.tmp-killed" / "captions_train2017.json").write_text("{")
+    coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["annotations"]
+    assert coco.manifest_problems(tmp_path / "annotations") == []
+
+
+# ---------------------------------------------------------------- the command
+def test_data_command_end_to_end(tmp_path, zip_of, fake_download, monkeypatch, capsys):
+    url, files, sha = zip_of
+    monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", sha)
+    root = tmp_path / "coco"
+    argv = ["data", "--root", str(root), "--num-photos", "12", "--seed", "3",
+            "--annotations-url", str(url)]
+    assert main(argv + ["--no-images"]) == 0
+    subset = root / "captions_train2017_subset12_seed3.json"
+    first = subset.read_bytes()
+    out = capsys.readouterr().out
+    assert f"{subset}: wrote 12 of 40 eligible photos (seed 3)" in out and "next: `make" in out
+    assert main(argv) == 0                                      # again, now with the images
+    out = capsys.readouterr().out
+    assert "complete (MANIFEST.sha256 matches), skipped" in out
+    assert f"{subset}: subset complete (12 photos, seed 3), skipped" in out
+    assert "next: `make embeddings`" in out and subset.read_bytes() == first
+    (_, records, out_dir), = [c for c in fake_download if c[0] == "fetch"]
+    assert records == json.loads(first)["images"] and out_dir == root / "train2017"
+    assert len([c for c in fake_download if c[0] == "download"]) == 1
+
+    shutil.copyfile(coco.write_subset(root / "annotations" / "captions_train2017.json",
+                                      tmp_path / "seed4.json", 12, 4), subset)
+    assert main(argv + ["--no-images"]) == 2                    # another subset: refused
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"minialign data: error: {subset}: holds another subset")
+    assert err.endswith("pass --force to replace it") and "\n" not in err
+    assert main(argv + ["--no-images", "--force"]) == 0 and subset.read_bytes() == first
+
+
+def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake_download,
+                                                          monkeypatch, capsys):
+    url, _, sha = zip_of
+    monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", sha)
+    failing = {"fetched": 10, "already_present": 0, "failed": {42: "HTTP 404", 7: "timed out"}}
+    monkeypatch.setattr(sys.modules["minialign.download"], "fetch_images",
+                        lambda records, out_dir, **kw: failing)
+    assert main(["data", "--root", str(tmp_path), "--num-photos", "12",
+                 "--annotations-url", str(url)]) == 2
+    assert capsys.readouterr().err == (
+        "minialign data: error: 2 photos could not be fetched: ids [7, 42] (HTTP 404; "
+        "timed out); rerun `make data` to retry\n")
