@@ -45,7 +45,7 @@ K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
 SPLITS = ("val", "test", "train")
 STEP_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")  # train.py: f"{split}_step{step:05d}"
-DEFAULT_EMBEDDINGS = "embeddings/coco_val2017_dinov2-base.npz"
+DEFAULT_EMBEDDINGS = "embeddings/coco_train2017_subset10000_seed0_dinov2-base.npz"  # make embeddings
 EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images <COCO images dir> "
                   "--model facebook/dinov2-base --out {out}")
 

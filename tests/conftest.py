@@ -15,3 +15,12 @@ def real_captions_path():
     if not REAL_CAPTIONS.exists():
         pytest.skip(f"real COCO captions not found at {REAL_CAPTIONS} (../shared is absent)")
     return REAL_CAPTIONS
+
+
+@pytest.fixture
+def server():
+    """A local HTTP server (tests/localhttp.py): .files {name: bytes} to serve, .url, .requests
+    [(path, Range header)], .max_active, .delay."""
+    from localhttp import serve
+    with serve() as srv:
+        yield srv

@@ -1,20 +1,17 @@
 """Tests of coco.py: the subset every step shares, the annotations download and extraction,
-and `python -m minialign data` end to end on a zip built here (no network).
-
-The download itself (minialign/download.py) is replaced by a copy of a local file.
+and `python -m minialign data` end to end: on a zip built here with the download replaced by a
+copy of a local file, and over HTTP against the local server of tests/localhttp.py.
 """
 import hashlib
 import json
 import shutil
 import sys
-import types
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import minialign
 from minialign import coco, export
 from minialign.__main__ import main
 from minialign.data import load_coco_captions, split_photos
@@ -100,12 +97,7 @@ def test_more_photos_than_eligible_is_one_line(tmp_path):
 def fake_download(monkeypatch):
     """minialign.download with download() copying a local file (url = its path) and
     fetch_images() recording its records; returns the list of calls."""
-    try:
-        from minialign import download
-    except ImportError:                       # download.py not merged yet: a stand-in module
-        download = types.ModuleType("minialign.download")
-        monkeypatch.setitem(sys.modules, "minialign.download", download)
-        monkeypatch.setattr(minialign, "download", download, raising=False)
+    from minialign import download
     calls = []
 
     def fake(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
@@ -117,8 +109,8 @@ def fake_download(monkeypatch):
     def fetch(records, out_dir, **kwargs):
         calls.append(("fetch", records, out_dir))
         return {"fetched": len(records), "already_present": 0, "failed": {}}
-    monkeypatch.setattr(download, "download", fake, raising=False)
-    monkeypatch.setattr(download, "fetch_images", fetch, raising=False)
+    monkeypatch.setattr(download, "download", fake)
+    monkeypatch.setattr(download, "fetch_images", fetch)
     return calls
 
 
@@ -268,3 +260,48 @@ def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake
     assert capsys.readouterr().err == (
         "minialign data: error: 2 photos could not be fetched: ids [7, 42] (HTTP 404; "
         "timed out); rerun `make data` to retry\n")
+
+
+# ---------------------------------------------------------------- over HTTP, end to end
+def test_data_over_http_then_a_rerun_fetches_only_what_failed(tmp_path, server, monkeypatch,
+                                                              capsys):
+    """`data` against a local server: the annotations zip cut mid-transfer once (resumed),
+    the subset's photos fetched in parallel, one photo an HTML error page (reported by id,
+    exit 2); the rerun downloads nothing but that photo."""
+    from localhttp import jpeg_bytes
+    source = made_up_coco(30, seed=5)
+    broken_id = coco.choose_subset(source, 10, 0)["images"][3]["id"]
+    for image in source["images"]:              # small photos of the recorded size, served here
+        knob = "html" if image["id"] == broken_id else "files"
+        image.update(width=32, height=24, coco_url=f"{server.url}/{knob}/{image['file_name']}")
+        server.files[image["file_name"]] = jpeg_bytes(32, 24, seed=image["id"])
+    val = json.dumps(made_up_coco(8, seed=6)).encode()
+    monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", hashlib.sha256(val).hexdigest())
+    archive = tmp_path / "served.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr(coco.TRAIN_CAPTIONS, json.dumps(source))
+        zf.writestr(coco.VAL_CAPTIONS, val)
+    server.files[coco.ANNOTATIONS_ZIP] = archive.read_bytes()
+
+    root = tmp_path / "coco"
+    argv = ["data", "--root", str(root), "--num-photos", "10", "--workers", "3",
+            "--annotations-url", f"{server.url}/cut-once/{coco.ANNOTATIONS_ZIP}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "transfer cut short" in err[1] and "\r" not in "".join(err)
+    assert err[-1] == (f"minialign data: error: 1 photos could not be fetched: ids [{broken_id}] "
+                       f"(not an image: the server sent text/html); rerun `make data` to retry")
+    zip_requests = [r for r in server.requests if r[0].endswith(coco.ANNOTATIONS_ZIP)]
+    assert len(zip_requests) == 2 and zip_requests[1][1].startswith("bytes=")   # resumed
+    assert not (root / coco.ANNOTATIONS_ZIP).exists()           # deleted once extracted
+    fetched = sorted(p.name for p in (root / "train2017").glob("*.jpg"))
+    assert len(fetched) == 9 and f"{broken_id:012d}.jpg" not in fetched
+    assert 2 <= server.max_active <= 3
+    subset = json.loads((root / "captions_train2017_subset10_seed0.json").read_text())
+    assert sorted(i["file_name"] for i in subset["images"]) == sorted(fetched + [
+        f"{broken_id:012d}.jpg"])
+
+    server.requests.clear()
+    assert main(argv) == 2                   # the rerun: only the failed photo is asked for
+    assert server.requests == [(f"/html/{broken_id:012d}.jpg", None)]
+    assert f"ids [{broken_id}]" in capsys.readouterr().err

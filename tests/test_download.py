@@ -1,116 +1,16 @@
-"""minialign.download against a local HTTP server on 127.0.0.1 (no internet needed).
-
-The server's paths are test knobs: /files/NAME serves a file (with Range -> 206), /cut-once/NAME
-sends half of it then closes on the first request only, /cut-always/NAME always does, /flaky/NAME
-answers 500 twice then serves, /stall-once/NAME says nothing for 0.5 s on the first request,
-/norange/NAME ignores Range (200), /html/NAME is an HTML error page with status 200, anything
-else is 404. Every request is recorded with its Range header.
+"""minialign.download against a local HTTP server on 127.0.0.1 (no internet needed): the
+`server` fixture of conftest.py, whose path knobs tests/localhttp.py describes.
 """
-import hashlib
-import io
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
 import pytest
 from PIL import Image
 
 import minialign.download as download_module
 from minialign.download import MANIFEST, DownloadError, download, fetch_images
 
-TINY_BACKOFF = 0.01   # seconds: retries in tests wait 0.01, 0.02, 0.04, ...
-STALL_SECONDS = 0.5   # /stall-once/ answers this late, after a client timeout of 0.2 s
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):          # keep pytest's output clean
-        pass
-
-    def do_GET(self):
-        server = self.server
-        with server.lock:
-            server.requests.append((self.path, self.headers.get("Range")))
-            server.active += 1
-            server.max_active = max(server.max_active, server.active)
-            seen = sum(path == self.path for path, _ in server.requests)
-        try:
-            time.sleep(server.delay)
-            self.answer(seen)
-        finally:
-            with server.lock:
-                server.active -= 1
-
-    def answer(self, seen):
-        knob, _, name = self.path.strip("/").partition("/")
-        data = self.server.files.get(name)
-        if data is None or knob not in ("files", "cut-once", "cut-always", "flaky", "norange",
-                                        "html", "stall-once"):
-            return self.reply(404, b"not found", "text/plain")
-        if knob == "html":
-            return self.reply(200, b"<html><body>Service unavailable</body></html>", "text/html")
-        if knob == "stall-once" and seen == 1:
-            time.sleep(STALL_SECONDS)                   # the client has given up by now
-            return None
-        if knob == "flaky" and seen <= 2:
-            return self.reply(500, b"try later", "text/plain")
-        start = 0
-        ranged = self.headers.get("Range")
-        if ranged and knob != "norange":
-            start = int(ranged.removeprefix("bytes=").rstrip("-"))
-            if start >= len(data):
-                return self.reply(416, b"", "text/plain",
-                                  {"Content-Range": f"bytes */{len(data)}"})
-        body = data[start:]
-        extra = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if start else {}
-        if knob == "cut-always" or (knob == "cut-once" and seen == 1):
-            return self.reply(206 if start else 200, body, "application/octet-stream", extra,
-                              send=len(body) // 2)
-        self.reply(206 if start else 200, body, "image/jpeg", extra)
-
-    def reply(self, status, body, content_type, headers=(), send=None):
-        """Send status and headers promising len(body) bytes, then the first `send` of them."""
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in dict(headers).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body[:send])
-        self.close_connection = True
-
-
-@pytest.fixture
-def server():
-    """A ThreadingHTTPServer on a free port: .files {name: bytes}, .requests [(path, Range)],
-    .max_active (most requests in flight at once), .delay (seconds before each answer)."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.files, srv.requests, srv.lock = {}, [], threading.Lock()
-    srv.active = srv.max_active = 0
-    srv.delay = 0.0
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join()
-
-
-def random_bytes(n, seed=0):
-    return np.random.default_rng(seed).bytes(n)
-
-
-def jpeg_bytes(width, height, seed=0):
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def sha256(data):
-    return hashlib.sha256(data).hexdigest()
+from localhttp import TINY_BACKOFF, jpeg_bytes, random_bytes, sha256
 
 
 # ---------------------------------------------------------------- download
