@@ -169,6 +169,15 @@ def load_npz(path, kind=".npz file"):
 
 
 # ---------------------------------------------------------------- one process per directory
+def command_line(limit=300):
+    """This process's command as typed: "python -m minialign train ..." (not __main__.py)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(os.path.join("minialign", "__main__.py")):
+        argv = ["python -m minialign"] + argv[1:]
+    line = " ".join(argv)
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 class DirLockedError(FileError):
     """Another live process holds the directory's lock."""
 
@@ -200,11 +209,17 @@ class DirLock:
                                  f"process ({holder}); wait for it to finish or stop it, "
                                  f"then rerun") from None
         holder = (f"pid {os.getpid()} on {socket.gethostname()}, started "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(sys.argv)[:200]}")
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {command_line()}")
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.encode(), 0)
         self.fd = fd
         return self
+
+    def check_free(self):
+        """Raise DirLockedError if another process holds the lock now; never creates it."""
+        if self.path.is_file():
+            self.acquire()
+            self.release()
 
     def release(self):
         if self.fd is not None:

@@ -210,6 +210,7 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     if force:
         check_replaceable(out, inputs=[cfg.captions])
     elif not resume and not is_empty_run_dir(out):
+        DirLock(out).check_free()                # a run in progress there: say whose
         raise FileExistsError(f"{out}: directory exists and is not empty "
                               "(pass --force to replace it, or --resume to continue it)")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
@@ -401,7 +402,8 @@ def add_train_args(p):
     p.add_argument("--out", required=True, help="run directory to create (must be new or empty)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
     p.add_argument("--resume", action="store_true",
-                   help="continue --out from its last checkpoint (skip it if finished)")
+                   help="continue --out from whatever stage stopped (skip it if finished; "
+                        "start it if --out does not exist yet)")
     p.add_argument("--steps", type=positive_int, default=d.steps,
                    help="optimizer steps, >= 1 (default %(default)s)")
     p.add_argument("--seed", type=nonnegative_int, default=d.seed,

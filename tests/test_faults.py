@@ -265,3 +265,22 @@ def test_a_second_process_is_refused_and_a_dead_holder_does_not_block(world, tmp
         holder.wait()
     train.train(cfg, out, progress=False)               # the dead holder's lock is gone
     assert (out / "metrics.json").exists()
+
+
+def test_a_run_in_progress_is_named_even_without_resume(world, tmp_path):
+    """A second `train` without --resume into a folder another process is writing: it is told
+    who holds it, not just that the folder is not empty."""
+    cfg, out = config(world["captions"]), tmp_path / "run"
+    train.train(cfg, out, progress=False, stop_after=2)
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)],
+                              stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(files.DirLockedError, match=f"pid {holder.pid}"):
+            train.train(cfg, out, progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(FileExistsError, match="not empty"):
+        train.train(cfg, out, progress=False)
