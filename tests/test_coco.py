@@ -284,6 +284,7 @@ def test_data_over_http_then_a_rerun_fetches_only_what_failed(tmp_path, server, 
     server.files[coco.ANNOTATIONS_ZIP] = archive.read_bytes()
 
     root = tmp_path / "coco"
+    server.delay = 0.05                      # each answer waits, so parallel requests overlap
     argv = ["data", "--root", str(root), "--num-photos", "10", "--workers", "3",
             "--annotations-url", f"{server.url}/cut-once/{coco.ANNOTATIONS_ZIP}"]
     assert main(argv) == 2
