@@ -28,7 +28,7 @@ from .flags import (check_heads_divide_width, fraction_in_0_1, int_at_least, non
                     nonnegative_int, positive_float, positive_int)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)
-from .metrics import collapse_stats, paraphrase_r_at_1
+from .metrics import text_metrics
 from .model import MIN_MAX_LEN, ModelConfig, encode, init_params, param_count
 from .objectives import CAUSAL, OBJECTIVES
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
@@ -157,18 +157,6 @@ def embed_split(params, table, cfg, causal):
         tokens, photos = eval_tokens(table, s)                  # (P_s, T), (P_s,); P_s >= 1
         slots[s] = (photos, embed(params, tokens, cfg, causal))
     return slots
-
-
-def text_metrics(slots):
-    """Text-side metrics of one split. slots: {s: (photos (P_s,), z (P_s, D))} as from
-    embed_split, with slots 0 and 1 holding every photo. Returns a dict: "paraphrase_R@1"
-    (slot-0 caption as query, slot-1 caption of every photo as gallery), "chance" (1 / P),
-    "caption_slots" (how many slots were embedded, 2..EVAL_SLOTS), and collapse_stats of
-    the slot-0 embeddings ("std", "effective_rank", "collapsed", "collapse_std_threshold")."""
-    (p0, z0), (p1, z1) = slots[0], slots[1]
-    assert np.array_equal(p0, p1), "every photo has at least two captions"
-    return {"paraphrase_R@1": paraphrase_r_at_1(z0, z1), "chance": 1.0 / len(p0),
-            "caption_slots": len(slots), **collapse_stats(z0)}
 
 
 def save_caption_embeddings(path, slots, image_ids):
