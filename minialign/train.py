@@ -30,7 +30,7 @@ from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, sp
                    tokenize_photos)
 from .metrics import text_metrics
 from .model import MIN_MAX_LEN, ModelConfig, encode, init_params, param_count
-from .objectives import CAUSAL, OBJECTIVES
+from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 from .tokenizer import (VOCAB_KEY, build_tokenizer, pad_batch, tokenizer_from_arrays,
                         tokenizer_to_arrays)
@@ -54,25 +54,23 @@ class TrainConfig:
     min_lr_ratio: float = 0.1       # the cosine ends at min_lr_ratio * lr
     weight_decay: float = 0.05      # decoupled, weight matrices only (optim.decays)
     grad_clip: float = 1.0          # global L2 norm
-    mask_rate: float = 0.25         # bad views: probability that a word becomes <mask>
-    sim_weight: float = 25.0        # VICReg lambda (invariance)
-    var_weight: float = 25.0        # VICReg mu (variance)
-    cov_weight: float = 1.0         # VICReg nu (covariance)
-    anticollapse_weight: float = 1.0  # next_token: weight on the VICReg var + cov terms
     seed: int = 0                   # init, batch and mask streams
     split_seed: int = SPLIT_SEED    # photo split, independent of `seed`
     eval_every: int = 250
     min_count: int = 1              # a word enters the vocabulary after this many train uses
     model: ModelConfig = field(default_factory=ModelConfig)
+    loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # masking rate, VICReg weights
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range (the same ranges the
-        command line's flags.py types enforce); ModelConfig checks the model's fields."""
+        command line's flags.py types enforce); ModelConfig and ObjectiveConfig check theirs."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", ModelConfig(**self.model))
+        if isinstance(self.loss, dict):
+            object.__setattr__(self, "loss", ObjectiveConfig(**self.loss))
         for name, low in (("steps", 1), ("batch_photos", 2), ("warmup_steps", 0),
                           ("eval_every", 1), ("min_count", 1), ("seed", 0), ("split_seed", 0)):
             value = getattr(self, name)
@@ -80,10 +78,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig: {name}={value!r} must be an integer >= {low}")
         positive, nonnegative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
         for name, (ok, allowed) in {"lr": positive, "grad_clip": positive,
-                                    "weight_decay": nonnegative, "sim_weight": nonnegative,
-                                    "var_weight": nonnegative, "cov_weight": nonnegative,
-                                    "anticollapse_weight": nonnegative,
-                                    "mask_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
+                                    "weight_decay": nonnegative,
                                     "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]")}.items():
             value = getattr(self, name)
             if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
@@ -403,14 +398,14 @@ def add_train_args(p):
                         "(default %(default)s)")
     p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay,
                    help=">= 0 (default %(default)s)")
-    p.add_argument("--mask-rate", type=fraction_in_0_1, default=d.mask_rate,
+    p.add_argument("--mask-rate", type=fraction_in_0_1, default=d.loss.mask_rate,
                    help="bad_views: word masking probability, in [0, 1) (default %(default)s)")
-    p.add_argument("--anticollapse-weight", type=nonnegative_float, default=d.anticollapse_weight,
+    p.add_argument("--anticollapse-weight", type=nonnegative_float, default=d.loss.anticollapse_weight,
                    help="next_token: weight on VICReg var+cov, >= 0 (default %(default)s)")
     for name, what in (("sim_weight", "invariance (lambda)"), ("var_weight", "variance (mu)"),
                        ("cov_weight", "covariance (nu)")):
         p.add_argument("--" + name.replace("_", "-"), type=nonnegative_float,
-                       default=getattr(d, name), help=f"VICReg {what} weight, >= 0; variance "
+                       default=getattr(d.loss, name), help=f"VICReg {what} weight, >= 0; variance "
                        f"and covariance 0 let the embeddings collapse (default %(default)s)")
     p.add_argument("--eval-every", type=positive_int, default=d.eval_every,
                    help="steps between val evaluations, saved caption embeddings and checkpoints "
@@ -432,8 +427,8 @@ def run_train(args):
     cfg = TrainConfig(objective=args.objective, captions=args.captions, steps=args.steps,
                       seed=args.seed, lr=args.lr, batch_photos=args.batch_photos,
                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-                      mask_rate=args.mask_rate, anticollapse_weight=args.anticollapse_weight,
-                      sim_weight=args.sim_weight, var_weight=args.var_weight,
-                      cov_weight=args.cov_weight, eval_every=args.eval_every,
-                      split_seed=args.split_seed, model=model)
+                      eval_every=args.eval_every, split_seed=args.split_seed, model=model,
+                      loss=ObjectiveConfig(mask_rate=args.mask_rate, sim_weight=args.sim_weight,
+                                           var_weight=args.var_weight, cov_weight=args.cov_weight,
+                                           anticollapse_weight=args.anticollapse_weight))
     train(cfg, args.out, force=args.force, resume=args.resume)

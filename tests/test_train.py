@@ -1,4 +1,5 @@
 """The training loop: same seed -> bit-identical losses; short real runs learn; run directory."""
+import dataclasses
 import json
 
 import numpy as np
@@ -165,3 +166,49 @@ def test_prepare_split_error_names_the_file(tmp_path):
     with pytest.raises(ValueError, match="^" + str(path).replace(".", r"\.") + ": 11 photos"):
         train(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()               # failed before the run dir was made
+
+
+# ------------------------------------------- run directories written before TrainConfig.loss (#10)
+
+def flatten_saved_config(run):
+    """Rewrite run/config.json the way minialign wrote it before #10: the objectives' settings
+    (mask_rate, the VICReg weights, anticollapse_weight) at the top of "config"."""
+    saved = json.loads((run / "config.json").read_text())
+    saved["config"] = {**{k: v for k, v in saved["config"].items() if k != "loss"},
+                       **saved["config"]["loss"]}
+    (run / "config.json").write_text(json.dumps(saved))
+    return saved["config"]
+
+
+def test_upgrade_config_moves_the_flat_keys_into_loss():
+    from minialign.checkpoint import upgrade_config
+    now = json.loads(json.dumps(dataclasses.asdict(TrainConfig(loss={"mask_rate": 0.5}))))
+    flat = {**{k: v for k, v in now.items() if k != "loss"}, **now["loss"]}
+    assert "loss" not in flat and flat["mask_rate"] == 0.5
+    assert upgrade_config(flat) == now
+    assert upgrade_config(now) == now                      # today's layout: unchanged
+    assert TrainConfig(**upgrade_config(flat)) == TrainConfig(loss={"mask_rate": 0.5})
+
+
+def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
+    from minialign import replicate
+    from minialign.checkpoint import config_differences, read_run_config
+    cfg = TrainConfig(objective="bad_views", captions=str(world), steps=4, batch_photos=16,
+                      warmup_steps=1, eval_every=2, model=SMALL, loss={"mask_rate": 0.3})
+    train(cfg, tmp_path / "whole", progress=False)
+    assert train(cfg, tmp_path / "old", progress=False, stop_after=3) is None
+    flat = flatten_saved_config(tmp_path / "old")
+    assert flat["mask_rate"] == 0.3 and "loss" not in flat
+    assert read_run_config(tmp_path / "old")["loss"]["mask_rate"] == 0.3
+    assert config_differences(flat, cfg) == []
+    train(cfg, tmp_path / "old", progress=False, resume=True)      # from the step-2 checkpoint
+    for name in ("model.npz", "captions/test_step00004.npz"):
+        a, b = np.load(tmp_path / "whole" / name), np.load(tmp_path / "old" / name)
+        assert all(a[k].tobytes() == b[k].tobytes() for k in a.files), name
+    flatten_saved_config(tmp_path / "whole")
+    _, tok, loaded = load_model(tmp_path / "whole")
+    assert loaded == dataclasses.replace(cfg, model=dataclasses.replace(
+        SMALL, vocab_size=tok.vocab_size))
+    assert train(cfg, tmp_path / "whole", progress=False, resume=True)["final"]["step"] == 4
+    # a replicate protocol.json saved before #10 holds the same flat "base"
+    assert replicate.Protocol(base=flat).base.loss.mask_rate == 0.3
