@@ -212,3 +212,31 @@ def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
     assert train(cfg, tmp_path / "whole", progress=False, resume=True)["final"]["step"] == 4
     # a replicate protocol.json saved before #10 holds the same flat "base"
     assert replicate.Protocol(base=flat).base.loss.mask_rate == 0.3
+
+
+def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):
+    from minialign.data import sample_batch
+    from minialign.model import init_params
+    from minialign.objectives import OBJECTIVES
+    from minialign.optim import adam_init, adam_step, clip_grad_norm
+    from minialign.train import prepare, train_step
+    cfg = TrainConfig(objective="bad_views", captions=str(world), batch_photos=16, model=SMALL)
+    data = prepare(cfg)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        SMALL, vocab_size=data["tokenizer"].vocab_size))
+    batch = sample_batch(data["tables"]["train"], 16, np.random.default_rng(0))
+    params = init_params(cfg.model, np.random.default_rng(0))
+    by_hand = {k: v.copy() for k, v in params.items()}
+    state, state_by_hand = adam_init(params), adam_init(by_hand)
+    loss, stats, grad_norm = train_step(params, state, batch, cfg, 1e-3, np.random.default_rng(1))
+    loss2, grads, stats2 = OBJECTIVES["bad_views"](by_hand, batch, cfg, np.random.default_rng(1))
+    assert (loss, stats, grad_norm) == (loss2, stats2, clip_grad_norm(grads, cfg.grad_clip))
+    adam_step(by_hand, grads, state_by_hand, 1e-3, cfg.weight_decay)
+    assert all(params[k].tobytes() == by_hand[k].tobytes() for k in params)
+    assert state["t"] == 1
+    params["ln_f.gamma"][0] = np.nan                       # the next loss is not finite
+    before = {k: v.copy() for k, v in params.items()}
+    loss, _, grad_norm = train_step(params, state, batch, cfg, 1e-3, np.random.default_rng(1))
+    assert not (np.isfinite(loss) and np.isfinite(grad_norm))
+    assert all(params[k].tobytes() == before[k].tobytes() for k in params) and state["t"] == 1
+    assert all(state[m][k].tobytes() == state_by_hand[m][k].tobytes() for m in "mv" for k in params)
