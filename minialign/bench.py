@@ -6,9 +6,10 @@ process-wide ru_maxrss, is its own), and each child:
   1. builds batches the way training does (train.prepare, data.sample_batch: 256 photos, two
      captions each, 512 captions), or with --fixed-length T 512 captions of exactly T word ids;
   2. times numpy float32 matmuls of the model's shapes: the best GFLOP/s is `peak_gflops`;
-  3. runs warm-up steps, then timed steps of objective + clip_grad_norm + adam_step (a whole
-     training step on one fixed batch), and reports the median and min ms/step, the step's
-     FLOPs (step_flops, counted from the batch's token counts), GFLOP/s and the fraction of peak.
+  3. runs warm-up steps, then timed steps of train.train_step (objective, clip_grad_norm,
+     adam_step: a whole training step on one fixed batch), and reports the median and min
+     ms/step, the step's FLOPs (step_flops, counted from the batch's token counts), GFLOP/s
+     and the fraction of peak.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 import argparse
@@ -28,9 +29,9 @@ from .data import Batch, sample_batch
 from .flags import check_heads_divide_width, int_at_least, nonnegative_int, positive_int
 from .model import ModelConfig, init_params
 from .objectives import OBJECTIVES
-from .optim import adam_init, adam_step, clip_grad_norm
+from .optim import adam_init
 from .tokenizer import PAD, SPECIALS
-from .train import TrainConfig, keep_freed_memory, prepare
+from .train import TrainConfig, prepare, train_step
 
 DEFAULT_CAPTIONS = Path(__file__).resolve().parents[2] / "shared" / "coco" / "captions_val2017.json"
 WARMUP_STEPS = 2      # untimed steps first: page faults, BLAS thread start-up
@@ -131,15 +132,13 @@ def fixed_length_batch(T, vocab_size, rng, n_captions=FIXED_CAPTIONS):
 
 
 def time_steps(name, cfg, batch, params, rng, warmup, steps):
-    """Run warmup + steps whole training steps of objective `name` on one batch; returns the
-    timed steps' durations in seconds."""
-    objective, state = OBJECTIVES[name], adam_init(params)
+    """Run warmup + steps whole training steps (train.train_step at lr = cfg.lr) of objective
+    `name` (= cfg.objective) on one batch; returns the timed steps' durations in seconds."""
+    state = adam_init(params)
     seconds = []
     for step in range(warmup + steps):
         t0 = time.perf_counter()
-        loss, grads, stats = objective(params, batch, cfg, rng)
-        clip_grad_norm(grads, cfg.grad_clip)
-        adam_step(params, grads, state, cfg.lr, cfg.weight_decay)
+        loss, _, _ = train_step(params, state, batch, cfg, cfg.lr, rng)
         if step >= warmup:
             seconds.append(time.perf_counter() - t0)
         if not np.isfinite(loss):
@@ -157,7 +156,6 @@ def bench_one(name, args):
     data = prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(      # as train.train does
         model, vocab_size=data["tokenizer"].vocab_size))
-    keep_freed_memory()                                                   # as train.train does
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(args.seed).spawn(3))
     if args.fixed_length:
@@ -296,9 +294,11 @@ def add_bench_args(p):
 def main(argv=None):
     """`python -m minialign.bench`: the same options as `python -m minialign bench`; the
     parent runs each child this way."""
+    from .__main__ import keep_freed_memory      # the process-level tweak of every entry point
     parser = argparse.ArgumentParser(prog="python -m minialign.bench", description=__doc__)
     add_bench_args(parser)
     args = parser.parse_args(argv)
+    keep_freed_memory()
     try:
         run_bench(args)
     except (FileNotFoundError, ValueError) as e:

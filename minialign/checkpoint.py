@@ -21,6 +21,8 @@ CHECKPOINT = "checkpoint.npz"  # the run's full state at its last evaluation ste
 DIVERGED = "diverged.json"     # written when the loss (or a gradient) stopped being finite
 CAPTIONS_DIR = "captions"      # caption embeddings saved at evaluation steps
 CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")   # caption_file_name's names
+FLAT_LOSS_KEYS = ("mask_rate", "sim_weight", "var_weight", "cov_weight",  # before #10: at the
+                  "anticollapse_weight")                                # top of a saved config
 RUN_FILES = ("config.json", "log.jsonl", "metrics.json", CHECKPOINT, "model.npz", DIVERGED,
              LOCK_FILE)
 
@@ -100,10 +102,22 @@ def clear_run_dir(out):
             path.unlink()
 
 
+def upgrade_config(config):
+    """A saved config.json["config"] (or protocol.json["base"]) in today's layout. Runs written
+    before the objectives' settings were nested (TrainConfig.loss, #10) hold FLAT_LOSS_KEYS at
+    the top; they move into "loss". Returns a new dict; today's layout comes back unchanged."""
+    flat = {k: config[k] for k in FLAT_LOSS_KEYS if k in config}
+    if not flat:
+        return config
+    rest = {k: v for k, v in config.items() if k not in flat}
+    return {**rest, "loss": {**flat, **rest.get("loss", {})}}
+
+
 def config_differences(saved, cfg):
     """Fields where a saved config.json["config"] differs from cfg, as "name: saved -> now"
     strings. model.vocab_size is skipped: training derives it from the captions."""
     now = json.loads(json.dumps(dataclasses.asdict(cfg)))      # tuples -> lists, as saved
+    saved = upgrade_config(saved)
     saved = {**saved, "model": {k: v for k, v in saved.get("model", {}).items()
                                 if k != "vocab_size"}}
     now["model"].pop("vocab_size")
@@ -139,8 +153,8 @@ def run_state(out, cfg):
 
 
 def read_run_config(run_dir):
-    """The "config" dict of run_dir/config.json (TrainConfig's fields, as train wrote them):
-    the one reader of that file. Raises FileNotFoundError / ValueError, one line starting
+    """The "config" dict of run_dir/config.json (TrainConfig's fields, as train wrote them, in
+    today's layout: upgrade_config): the one reader of that file. Raises FileNotFoundError / ValueError, one line starting
     with the file: missing, empty, truncated, not a JSON object, written by a newer minialign
     (files.check_run_format), or without a "config" object holding objective and seed."""
     path = Path(run_dir) / "config.json"
@@ -150,7 +164,7 @@ def read_run_config(run_dir):
     if not isinstance(config, dict) or not {"objective", "seed"} <= set(config):
         raise ValueError(f"{path}: not a minialign run config (no \"config\" object with "
                          f"objective and seed)")
-    return config
+    return upgrade_config(config)
 
 
 def save_checkpoint(path, step, params, state, rngs, log_bytes, seconds):

@@ -12,7 +12,7 @@ new metric never needs a new training run. For each saved step:
   test (final step):  mutual kNN@K, and caption -> image R@1/5/10 after an orthogonal
                       Procrustes rotation (Schoenemann 1966) fitted on the TRAIN photos
   both:               text-side metrics recomputed from the saved float16 embeddings
-                      (paraphrase R@1, collapse std, effective rank; train.text_metrics)
+                      (paraphrase R@1, collapse std, effective rank; metrics.text_metrics)
 
 Caption slots: every photo has >= 2 captions, slot s = its s-th caption. Image metrics are
 computed once per slot, on the photos that have ALL saved slots and an image embedding (the
@@ -37,9 +37,9 @@ import numpy as np
 from .files import atomic_write_json, load_npz, read_json
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
-from .metrics import DEFAULT_KS, MUTUAL_KNN_K, mutual_knn, procrustes_recall, slot_metrics
+from .metrics import (DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall,
+                      slot_metrics, text_metrics)
 from .checkpoint import read_run_config
-from .train import text_metrics
 
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
@@ -126,8 +126,8 @@ def joined_slots(slots, emb, where):
 def score_test(z_slots, img, train_slots, emb, where):
     """Caption -> image R@k on the test photos after a rotation fitted on the train photos.
     z_slots: S x (N, D) test captions, img (N, D_img) their images; train_slots as saved.
-    W is fitted on (slot-0 caption, image) pairs of the train photos (metrics.procrustes_recall;
-    it refits per slot, on identical inputs, so every slot sees the same W).
+    W is fitted once, on (slot-0 caption, image) pairs of the train photos
+    (metrics.fit_procrustes), and maps every test slot (metrics.rotated_recall).
     Returns {"R@k": {"mean", "slot0", "per_slot"}} (the summary of metrics.slot_metrics)
     and the number of train photos in the fit."""
     train_ids, train_z = train_slots[0]                                   # (P_train,), (P_train, D)
@@ -135,8 +135,8 @@ def score_test(z_slots, img, train_slots, emb, where):
     if len(cap_idx) <= train_z.shape[1]:
         print(f"warning: {where}: rotation fitted on {len(cap_idx)} train photos, no more than "
               f"the {train_z.shape[1]} caption dimensions; W is underdetermined", file=sys.stderr)
-    recalls = [procrustes_recall(train_z[cap_idx], emb.embeddings[emb_idx], z, img, ks=RECALL_KS)
-               for z in z_slots]                                          # S x {"R@k": float}
+    rotation = fit_procrustes(train_z[cap_idx], emb.embeddings[emb_idx])  # W, train means
+    recalls = [rotated_recall(rotation, z, img, ks=RECALL_KS) for z in z_slots]  # S x {"R@k"}
     out = {}
     for k in RECALL_KS:
         per_slot = [r[f"R@{k}"] for r in recalls]

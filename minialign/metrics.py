@@ -7,9 +7,10 @@ in, float64 arithmetic), and every sort is `kind="stable"`, so ties always go to
 Text side (no image model needed):
     recall_at_k, paraphrase_r_at_1, collapse_stats
 Image alignment (frozen DINOv2 embeddings of the same photos):
-    mutual_knn, prepare_for_rotation, fit_rotation, procrustes_recall
+    mutual_knn, prepare_for_rotation, fit_rotation, fit_procrustes, rotated_recall,
+    procrustes_recall
 Per caption slot (COCO photos have 5 captions):
-    slot_metrics
+    slot_metrics, text_metrics
 """
 import numpy as np
 
@@ -200,6 +201,42 @@ def fit_rotation(z_text, img):
     return u @ vt                                                             # (D, D_img)
 
 
+def fit_procrustes(z_text_train, img_train):
+    """The rotation of procrustes_recall, fitted once: centre each space with its TRAIN mean,
+    L2-normalise (prepare_for_rotation), fit W (fit_rotation).
+    z_text_train: (N, D), img_train: (N, D_img) float, row i = photo i, D <= D_img.
+    Returns (W (D, D_img), text_mean (D,), img_mean (D_img,)), float64: what apply_rotation
+    needs. Raises ValueError as fit_rotation."""
+    z_text_train = _check_matrix(z_text_train, "z_text_train")               # (N_train, D)
+    img_train = _check_matrix(img_train, "img_train")                        # (N_train, D_img)
+    text_mean = z_text_train.mean(axis=0)                                     # (D,)
+    img_mean = img_train.mean(axis=0)                                         # (D_img,)
+    w = fit_rotation(prepare_for_rotation(z_text_train, text_mean),
+                     prepare_for_rotation(img_train, img_mean))               # (D, D_img)
+    return w, text_mean, img_mean
+
+
+def rotated_recall(rotation, z_text_test, img_test, ks=DEFAULT_KS):
+    """Caption -> image retrieval through a fitted rotation (fit_procrustes): map test captions
+    z W, rank all test images by cosine similarity; the correct image of caption i is image i.
+    rotation: (W (D, D_img), text_mean (D,), img_mean (D_img,)); z_text_test: (N, D),
+    img_test: (N, D_img) float, each prepared with the TRAIN means.
+    Returns {"R@k": float in [0, 1]} for k in ks (chance ~ k / N). Raises ValueError for
+    mismatched row counts or widths, and as recall_at_k."""
+    w, text_mean, img_mean = rotation
+    z_text_test = _check_matrix(z_text_test, "z_text_test")                  # (N_test, D)
+    img_test = _check_matrix(img_test, "img_test")                           # (N_test, D_img)
+    if z_text_test.shape[0] != img_test.shape[0]:
+        raise ValueError(f"z_text_test and img_test must have the same number of rows, "
+                         f"got {z_text_test.shape[0]} and {img_test.shape[0]}")
+    if (z_text_test.shape[1], img_test.shape[1]) != w.shape:
+        raise ValueError(f"test widths {(z_text_test.shape[1], img_test.shape[1])} differ from "
+                         f"train widths {w.shape}")
+    mapped = prepare_for_rotation(z_text_test, text_mean) @ w                 # (N_test, D_img)
+    sim = cosine_similarity(mapped, prepare_for_rotation(img_test, img_mean))  # (N_test, N_test)
+    return recall_at_k(sim, ks=ks)
+
+
 def procrustes_recall(z_text_train, img_train, z_text_test, img_test, ks=DEFAULT_KS):
     """Caption -> image retrieval after a fitted rotation (orthogonal Procrustes).
     Fit W on train photos (caption, image) pairs, map test captions z W, rank all test images
@@ -207,24 +244,9 @@ def procrustes_recall(z_text_train, img_train, z_text_test, img_test, ks=DEFAULT
     z_text_*: (N_*, D), img_*: (N_*, D_img) float, D <= D_img. Each space is centred with its
     own TRAIN mean and L2-normalised (prepare_for_rotation).
     Returns {"R@k": float in [0, 1]} for k in ks (chance ~ k / N_test). Raises ValueError as
-    fit_rotation and recall_at_k, or for mismatched widths or row counts."""
-    z_text_train = _check_matrix(z_text_train, "z_text_train")               # (N_train, D)
-    img_train = _check_matrix(img_train, "img_train")                        # (N_train, D_img)
-    z_text_test = _check_matrix(z_text_test, "z_text_test")                  # (N_test, D)
-    img_test = _check_matrix(img_test, "img_test")                           # (N_test, D_img)
-    if z_text_test.shape[0] != img_test.shape[0]:
-        raise ValueError(f"z_text_test and img_test must have the same number of rows, "
-                         f"got {z_text_test.shape[0]} and {img_test.shape[0]}")
-    if (z_text_test.shape[1], img_test.shape[1]) != (z_text_train.shape[1], img_train.shape[1]):
-        raise ValueError(f"test widths {(z_text_test.shape[1], img_test.shape[1])} differ from "
-                         f"train widths {(z_text_train.shape[1], img_train.shape[1])}")
-    text_mean = z_text_train.mean(axis=0)                                     # (D,)
-    img_mean = img_train.mean(axis=0)                                         # (D_img,)
-    w = fit_rotation(prepare_for_rotation(z_text_train, text_mean),
-                     prepare_for_rotation(img_train, img_mean))               # (D, D_img)
-    mapped = prepare_for_rotation(z_text_test, text_mean) @ w                 # (N_test, D_img)
-    sim = cosine_similarity(mapped, prepare_for_rotation(img_test, img_mean))  # (N_test, N_test)
-    return recall_at_k(sim, ks=ks)
+    fit_rotation and recall_at_k, or for mismatched widths or row counts.
+    To score several test sets against one fit, call fit_procrustes once, then rotated_recall."""
+    return rotated_recall(fit_procrustes(z_text_train, img_train), z_text_test, img_test, ks)
 
 
 def slot_metrics(metric, z_slots, *args, **kwargs):
@@ -241,3 +263,16 @@ def slot_metrics(metric, z_slots, *args, **kwargs):
         raise ValueError(f"all slots must have the same shape, got {sorted(shapes)}")
     per_slot = [float(metric(z, *args, **kwargs)) for z in z_slots]
     return {"mean": float(np.mean(per_slot)), "slot0": per_slot[0], "per_slot": per_slot}
+
+
+def text_metrics(slots):
+    """Text-side metrics of one split. slots: {s: (photos (P_s,), z (P_s, D))}, caption slot s
+    of each photo (train.embed_split, or a saved captions file), with slots 0 and 1 holding
+    every photo. Returns a dict: "paraphrase_R@1" (slot-0 caption as query, slot-1 caption of
+    every photo as gallery), "chance" (1 / P), "caption_slots" (how many slots were embedded),
+    and collapse_stats of the slot-0 embeddings ("std", "effective_rank", "collapsed",
+    "collapse_std_threshold")."""
+    (p0, z0), (p1, z1) = slots[0], slots[1]
+    assert np.array_equal(p0, p1), "every photo has at least two captions"
+    return {"paraphrase_R@1": paraphrase_r_at_1(z0, z1), "chance": 1.0 / len(p0),
+            "caption_slots": len(slots), **collapse_stats(z0)}

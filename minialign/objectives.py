@@ -10,10 +10,12 @@ target) is built:
 Shared steps sit on the same lines in the same order; every line that differs from good_views
 ends in `# <-`. Signature:
     objective(params, batch, cfg, rng) -> (loss, grads, stats)
-batch: data.Batch with tokens_a, tokens_b (B, T) int32; cfg: train.TrainConfig (uses cfg.model,
-cfg.mask_rate, the VICReg weights and cfg.anticollapse_weight); rng: numpy Generator (only
-bad_views draws from it). The text model never sees anything from images.
+batch: data.Batch with tokens_a, tokens_b (B, T) int32; cfg: train.TrainConfig, of which an
+objective reads cfg.model (ModelConfig) and cfg.loss (ObjectiveConfig, below); rng: numpy
+Generator (only bad_views draws from it). The text model never sees anything from images.
 """
+from dataclasses import dataclass, fields
+
 import numpy as np
 
 from .losses import cross_entropy, vicreg_loss
@@ -21,60 +23,82 @@ from .model import encode, encode_backward, lm_head_backward, lm_head_forward
 from .tokenizer import MASK, PAD, SPECIALS
 
 
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """The objectives' own settings (train.TrainConfig.loss). Defaults = the replicated run."""
+    mask_rate: float = 0.25         # bad views: probability that a word becomes <mask>
+    sim_weight: float = 25.0        # VICReg lambda (invariance)
+    var_weight: float = 25.0        # VICReg mu (variance)
+    cov_weight: float = 1.0         # VICReg nu (covariance)
+    anticollapse_weight: float = 1.0  # next_token: weight on the VICReg var + cov terms
+
+    def __post_init__(self):
+        """Raises ValueError naming the field and its valid range (the same ranges the
+        command line's flags.py types enforce)."""
+        for f in fields(self):
+            ok, allowed = ((lambda v: 0 <= v < 1, "in [0, 1)") if f.name == "mask_rate"
+                           else (lambda v: v >= 0, ">= 0"))
+            value = getattr(self, f.name)
+            if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
+                    or not np.isfinite(value) or not ok(value)):
+                raise ValueError(f"ObjectiveConfig: {f.name}={value!r} must be a number {allowed}")
+
+
 def good_views(params, batch, cfg, rng):
-    """Two different human captions of the same photo are the two views -> VICReg."""
+    """Two different human captions of the same photo are the two views -> VICReg.
+    Both views go through ONE encode call as a 2B batch, so the parameters they share get the
+    sum of both views' gradients inside encode_backward."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
-                                            cfg.cov_weight)
+    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.loss.sim_weight,
+                                            cfg.loss.var_weight, cfg.loss.cov_weight)
     grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
     return loss, grads, stats
 
 
 def bad_views(params, batch, cfg, rng):
     """One caption per photo, its words masked twice independently, is the pair -> VICReg."""
-    tokens = np.concatenate([mask_words(batch.tokens_a, cfg.mask_rate, rng),   # <- (2B, T)
-                             mask_words(batch.tokens_a, cfg.mask_rate, rng)])  # <- a masked twice
+    tokens = np.concatenate([mask_words(batch.tokens_a, cfg.loss.mask_rate, rng),   # <- (2B, T)
+                             mask_words(batch.tokens_a, cfg.loss.mask_rate, rng)])  # <- a, a
     B = len(batch.tokens_a)
     z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
-                                            cfg.cov_weight)
+    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.loss.sim_weight,
+                                            cfg.loss.var_weight, cfg.loss.cov_weight)
     grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
     return loss, grads, stats
 
 
 def next_token(params, batch, cfg, rng):
-    """Each caption predicts its own next word under causal attention (cross-entropy), plus the
-    same VICReg variance + covariance terms on the two captions of each photo (no invariance)."""
+    """Each caption predicts its own next word under causal attention (cross-entropy through the
+    tied head), plus the same VICReg variance + covariance terms on the two captions of each
+    photo (no invariance). The head reads the token embedding, so tok_emb sums two gradients."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, h, cache = encode(params, tokens, cfg.model, causal=True)          # <- (2B, D), (n, D)
-    w = cfg.anticollapse_weight                                           # <- no invariance term:
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0, w * cfg.var_weight,  # <-
-                                            w * cfg.cov_weight)
-    dh, ce_loss, ce_stats, dtok_emb = _next_token_head(params["tok_emb"], h, tokens)  # <-
+    w = cfg.loss.anticollapse_weight                                      # <- no invariance term:
+    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0,           # <-
+                                            w * cfg.loss.var_weight, w * cfg.loss.cov_weight)  # <-
+    targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as h
+    logits, c_head = lm_head_forward(h[has_target], params["tok_emb"])    # <- (n_t, V)
+    ce_loss, dlogits, ce_stats = cross_entropy(logits, targets[has_target])  # <-
+    dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # <- (n_t, D), (V, D)
+    dh = np.zeros_like(h)                                                 # <- (n, D): no target,
+    dh[has_target] = dh_real                                              # <- no gradient
     grads = encode_backward(np.concatenate([dz_a, dz_b]), dh, cache, params, cfg.model)  # <-
     grads["tok_emb"] += dtok_emb                                          # <- the head is tied
-    stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)
-    return loss + ce_loss, grads, stats
+    stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)             # <-
+    return loss + ce_loss, grads, stats                                   # <-
 
 
-def _next_token_head(tok_emb, h, tokens):
-    """Cross-entropy of predicting tokens[b, t+1] from the hidden state of tokens[b, t], over the
-    real tokens whose next token is real (not padding). tok_emb: (V, D); h: (n, D) packed as
-    tokens[tokens != PAD]; tokens: (B, T). Returns dh (n, D), the loss, its stats and the
-    head's dtok_emb (V, D)."""
+def next_token_targets(tokens):
+    """What each real token predicts: the token after it in its caption. tokens: (B, T) int.
+    Returns targets (n,) aligned with the packed rows tokens[tokens != PAD] (PAD after a
+    caption's last token) and has_target (n,) bool, True for every real token but EOS."""
     targets = np.full_like(tokens, PAD)                                   # (B, T)
     targets[:, :-1] = tokens[:, 1:]                                       # next token, PAD at end
     targets = targets[tokens != PAD]                                      # (n,) aligned with h
-    has_target = targets != PAD                                           # (n,) all but EOS
-    logits, c_head = lm_head_forward(h[has_target], tok_emb)              # (n_t, V)
-    loss, dlogits, stats = cross_entropy(logits, targets[has_target])
-    dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # (n_t, D), (V, D)
-    dh = np.zeros_like(h)                                                 # (n, D)
-    dh[has_target] = dh_real
-    return dh, loss, stats, dtok_emb
+    return targets, targets != PAD                                        # (n,), (n,)
 
 
 def mask_words(tokens, rate, rng):

@@ -61,7 +61,8 @@ class Protocol:
 
     def __post_init__(self):
         if isinstance(self.base, dict):
-            object.__setattr__(self, "base", train.TrainConfig(**self.base))
+            object.__setattr__(self, "base",
+                               train.TrainConfig(**checkpoint.upgrade_config(self.base)))
         object.__setattr__(self, "objectives", tuple(self.objectives))
         object.__setattr__(self, "seeds", tuple(self.seeds))
         if self.lr_per_decade and grid_points(self) < 2:
@@ -115,6 +116,8 @@ def save_protocol(out, protocol):
     path, saved = Path(out) / "protocol.json", dataclasses.asdict(protocol)
     if path.exists() and holds_runs(out):
         old = read_json(path, "replicate protocol (protocol.json)")
+        if isinstance(old.get("base"), dict):            # a protocol saved before #10
+            old = {**old, "base": checkpoint.upgrade_config(old["base"])}
         if old != json.loads(json.dumps(saved)):
             diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
             raise ValueError(f"{out}: holds results of another protocol (differs in "

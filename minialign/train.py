@@ -1,4 +1,4 @@
-"""Training: TrainConfig, the loop, text-side evaluation, and the `train` command line.
+"""Training: TrainConfig, one training step, the loop, and text-side evaluation during it.
 
 A run directory holds config.json, log.jsonl (one line per step), model.npz (weights and
 tokenizer), metrics.json (text-side metrics per evaluation step) and captions/ (caption
@@ -6,9 +6,9 @@ embeddings of the val and test photos at every evaluation, and of the train phot
 end, float16), which `python -m minialign evaluate` scores against image embeddings later.
 Training never reads image embeddings: this module does not import the modules that load them.
 
-Stopping and resuming (checkpoint.npz, resume=True) is in checkpoint.py.
+Stopping and resuming (checkpoint.npz, resume=True) is in checkpoint.py; the `train` command
+line in train_cli.py.
 """
-import ctypes
 import dataclasses
 import json
 import sys
@@ -24,13 +24,11 @@ from .checkpoint import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, caption_file_name,
                          read_run_config, rewind_run_dir, run_state, save_checkpoint)
 from .files import (RUN_FORMAT, DirLock, append_line, atomic_savez, atomic_write_json,
                     load_npz, read_json, remove_stale_temporaries)
-from .flags import (check_heads_divide_width, fraction_in_0_1, int_at_least, nonnegative_float,
-                    nonnegative_int, positive_float, positive_int)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)
-from .metrics import collapse_stats, paraphrase_r_at_1
-from .model import MIN_MAX_LEN, ModelConfig, encode, init_params, param_count
-from .objectives import CAUSAL, OBJECTIVES
+from .metrics import text_metrics
+from .model import ModelConfig, encode, init_params, param_count
+from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 from .tokenizer import (VOCAB_KEY, build_tokenizer, pad_batch, tokenizer_from_arrays,
                         tokenizer_to_arrays)
@@ -39,6 +37,7 @@ EVAL_BATCH = 500     # captions per forward pass when embedding evaluation capti
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: saved caption embeddings must fit
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
+EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 
 
 @dataclass(frozen=True)
@@ -54,25 +53,23 @@ class TrainConfig:
     min_lr_ratio: float = 0.1       # the cosine ends at min_lr_ratio * lr
     weight_decay: float = 0.05      # decoupled, weight matrices only (optim.decays)
     grad_clip: float = 1.0          # global L2 norm
-    mask_rate: float = 0.25         # bad views: probability that a word becomes <mask>
-    sim_weight: float = 25.0        # VICReg lambda (invariance)
-    var_weight: float = 25.0        # VICReg mu (variance)
-    cov_weight: float = 1.0         # VICReg nu (covariance)
-    anticollapse_weight: float = 1.0  # next_token: weight on the VICReg var + cov terms
     seed: int = 0                   # init, batch and mask streams
     split_seed: int = SPLIT_SEED    # photo split, independent of `seed`
     eval_every: int = 250
     min_count: int = 1              # a word enters the vocabulary after this many train uses
     model: ModelConfig = field(default_factory=ModelConfig)
+    loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # masking rate, VICReg weights
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range (the same ranges the
-        command line's flags.py types enforce); ModelConfig checks the model's fields."""
+        command line's flags.py types enforce); ModelConfig and ObjectiveConfig check theirs."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", ModelConfig(**self.model))
+        if isinstance(self.loss, dict):
+            object.__setattr__(self, "loss", ObjectiveConfig(**self.loss))
         for name, low in (("steps", 1), ("batch_photos", 2), ("warmup_steps", 0),
                           ("eval_every", 1), ("min_count", 1), ("seed", 0), ("split_seed", 0)):
             value = getattr(self, name)
@@ -80,28 +77,12 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig: {name}={value!r} must be an integer >= {low}")
         positive, nonnegative = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0")
         for name, (ok, allowed) in {"lr": positive, "grad_clip": positive,
-                                    "weight_decay": nonnegative, "sim_weight": nonnegative,
-                                    "var_weight": nonnegative, "cov_weight": nonnegative,
-                                    "anticollapse_weight": nonnegative,
-                                    "mask_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
+                                    "weight_decay": nonnegative,
                                     "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]")}.items():
             value = getattr(self, name)
             if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
                     or not np.isfinite(value) or not ok(value)):
                 raise ValueError(f"TrainConfig: {name}={value!r} must be a number {allowed}")
-
-
-def keep_freed_memory():
-    """Ask glibc to keep freed memory for reuse instead of returning it to the OS.
-    Each step allocates and frees the same large activations; by default glibc maps every
-    array over 32 MB afresh and unmaps it when freed, and touching new pages costs far more
-    than the arithmetic (a page fault per 4 KB). No effect outside glibc (Linux)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                                 # from glibc's malloc.h
-    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
 
 
 def prepare(cfg):
@@ -159,18 +140,6 @@ def embed_split(params, table, cfg, causal):
     return slots
 
 
-def text_metrics(slots):
-    """Text-side metrics of one split. slots: {s: (photos (P_s,), z (P_s, D))} as from
-    embed_split, with slots 0 and 1 holding every photo. Returns a dict: "paraphrase_R@1"
-    (slot-0 caption as query, slot-1 caption of every photo as gallery), "chance" (1 / P),
-    "caption_slots" (how many slots were embedded, 2..EVAL_SLOTS), and collapse_stats of
-    the slot-0 embeddings ("std", "effective_rank", "collapsed", "collapse_std_threshold")."""
-    (p0, z0), (p1, z1) = slots[0], slots[1]
-    assert np.array_equal(p0, p1), "every photo has at least two captions"
-    return {"paraphrase_R@1": paraphrase_r_at_1(z0, z1), "chance": 1.0 / len(p0),
-            "caption_slots": len(slots), **collapse_stats(z0)}
-
-
 def save_caption_embeddings(path, slots, image_ids):
     """captions/<name>.npz: for each slot s, slot{s}_image_ids (P_s,) int64 and slot{s}_z
     (P_s, D) float16. Written under a temporary name, then renamed."""
@@ -181,12 +150,24 @@ def save_caption_embeddings(path, slots, image_ids):
     atomic_savez(path, arrays)
 
 
+def train_step(params, state, batch, cfg, lr, rng_mask):
+    """One optimizer step: the objective's loss and gradients, global-norm clipping, AdamW.
+    params, state: weights and Adam moments, updated in place; batch: data.Batch; cfg:
+    TrainConfig; lr: this step's learning rate (optim.lr_at); rng_mask: bad_views' masks.
+    Returns (loss, stats, grad_norm), grad_norm before clipping. A loss or gradient norm that
+    is not finite leaves params and state untouched: the caller records the divergence."""
+    with np.errstate(over="ignore", invalid="ignore"):    # divergence is the caller's check
+        loss, grads, stats = OBJECTIVES[cfg.objective](params, batch, cfg, rng_mask)
+        grad_norm = clip_grad_norm(grads, cfg.grad_clip)
+    if np.isfinite(loss) and np.isfinite(grad_norm):
+        adam_step(params, grads, state, lr, cfg.weight_decay)
+    return loss, stats, grad_norm
+
+
 class Diverged(FloatingPointError):
     """The loss or the gradient norm stopped being finite; the run directory's diverged.json
     records the step and the values. The command line exits with EXIT_DIVERGED."""
 
-
-EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 
 
 def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
@@ -236,20 +217,22 @@ def finished_run(out, cfg):
 
 
 def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
-    """The training loop of train(), into the locked run directory `out`."""
-    (out / CAPTIONS_DIR).mkdir(exist_ok=True)
-    keep_freed_memory()
+    """The training loop of train(), into the locked run directory `out`. Returns the final
+    metrics dict, or None when stopped by stop_after."""
+    # Start: init, batch and mask streams seeded apart; fresh weights and Adam moments.
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
     params = init_params(cfg.model, rng_init)
     state = adam_init(params)
-    objective, causal = OBJECTIVES[cfg.objective], CAUSAL[cfg.objective]
-    image_ids = data["captions"].image_ids
     info = {"vocab_size": cfg.model.vocab_size, "parameters": param_count(params),
             "embedding_parameters": int(params["tok_emb"].size),
             "captions_truncated": data["n_truncated"],
             "photos": {k: len(v) for k, v in data["split"].items()},
             "caption_stats": data["captions"].stats}
+
+    # Resume: weights, moments and streams from checkpoint.npz, the files cut back to its step.
+    # Or begin: config.json, no evaluation yet.
+    (out / CAPTIONS_DIR).mkdir(exist_ok=True)
     if from_checkpoint:
         meta = load_checkpoint(out / CHECKPOINT, params, state,
                                {"data": rng_data, "mask": rng_mask})
@@ -267,65 +250,86 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
           f"{info['photos']}, {info['captions_truncated']} captions truncated to "
           f"{cfg.model.max_len} tokens", flush=True)
 
-    def evaluate(step, final):
-        entry = {"step": step}
-        splits = ("val", "test", "train") if final else ("val",)
-        for split in splits:
-            with np.errstate(over="ignore", invalid="ignore"):
-                slots = embed_split(params, data["tables"][split], cfg.model, causal)
-            if not all(np.abs(z).max() < FLOAT16_MAX for _, z in slots.values()):  # NaN too
-                record_divergence(out, step, cfg.lr, f"{split} caption embeddings beyond "
-                                  f"float16's range (saved as float16) or not finite")
-            save_caption_embeddings(out / CAPTIONS_DIR / caption_file_name(split, step), slots,
-                                    image_ids[data["tables"][split].photo_idx])
-            if split != "train":
-                entry[split] = text_metrics(slots)
-        metrics["evals"].append(entry)
-        atomic_write_json(out / "metrics.json", metrics)
-        return entry
-
     use_bar = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=cfg.steps, initial=first_step, desc=cfg.objective, disable=not use_bar,
                dynamic_ncols=True)
     t_start = time.perf_counter() - seconds_before
     with open(out / "log.jsonl", "ab") as log:   # bytes: tell() is the length to cut back to
         for step in range(first_step, cfg.steps):
-            if stop_after is not None and step >= stop_after:
+            if stop_after is not None and step >= stop_after:   # as if killed here (tests)
                 bar.close()
                 return None
+            # Step: this step's learning rate and batch, then objective, clipping and AdamW.
             t0 = time.perf_counter()
             lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
             batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
-            with np.errstate(over="ignore", invalid="ignore"):    # divergence is checked below
-                loss, grads, stats = objective(params, batch, cfg, rng_mask)
-                grad_norm = clip_grad_norm(grads, cfg.grad_clip)
+            loss, stats, grad_norm = train_step(params, state, batch, cfg, lr, rng_mask)
             if not (np.isfinite(loss) and np.isfinite(grad_norm)):
                 bar.close()
                 record_divergence(out, step + 1, cfg.lr, f"loss {loss}, gradient norm {grad_norm}")
-            adam_step(params, grads, state, lr, cfg.weight_decay)
+
+            # Log: one line of log.jsonl per step; the bar, or a plain line now and then.
             row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
                    "seconds": time.perf_counter() - t0}                   # wall time of this step
             append_line(log, json.dumps(row))
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.update(1)
             if not use_bar and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == first_step):
-                done = step + 1 - first_step
-                elapsed = time.perf_counter() - t_start - seconds_before
-                eta = elapsed / done * (cfg.steps - step - 1)
-                print(f"[{cfg.objective}] step {step + 1}/{cfg.steps} loss {loss:.4f} "
-                      f"lr {lr:.2e} {1000 * elapsed / done:.0f} ms/step "
-                      f"eta {eta / 60:.1f} min", flush=True)
+                print_progress(cfg, step, first_step, loss, lr,
+                               time.perf_counter() - t_start - seconds_before)
+
+            # Evaluate: the val captions every eval_every steps (the last step's comes below).
             if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                entry = evaluate(step + 1, final=False)
+                entry = evaluate(params, cfg, data, out, step + 1, ("val",))
+                metrics["evals"].append(entry)
+                atomic_write_json(out / "metrics.json", metrics)
                 bar.write(f"[{cfg.objective}] step {step + 1} val paraphrase R@1 "
                           f"{entry['val']['paraphrase_R@1']:.3f}", file=sys.stdout)
+
+            # Checkpoint: what a resumed run needs, at every evaluation step and the last step.
             if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
                 save_checkpoint(out / CHECKPOINT, step + 1, params, state,
                                 {"data": rng_data, "mask": rng_mask}, log.tell(),
                                 time.perf_counter() - t_start)
     bar.close()
+    return finish(params, cfg, data, out, metrics, t_start)
+
+
+def print_progress(cfg, step, first_step, loss, lr, elapsed):
+    """The plain progress line (no terminal): step, loss, lr, ms per step, time left.
+    elapsed: seconds since this process began at first_step."""
+    done = step + 1 - first_step
+    eta = elapsed / done * (cfg.steps - step - 1)
+    print(f"[{cfg.objective}] step {step + 1}/{cfg.steps} loss {loss:.4f} lr {lr:.2e} "
+          f"{1000 * elapsed / done:.0f} ms/step eta {eta / 60:.1f} min", flush=True)
+
+
+def evaluate(params, cfg, data, out, step, splits):
+    """Embed the captions of `splits` (of "val", "test", "train") with the current params, save
+    them (captions/<split>_stepNNNNN.npz) and return {"step", split: text_metrics} for val and
+    test. Raises Diverged (record_divergence) if an embedding is not finite or beyond float16."""
+    entry = {"step": step}
+    for split in splits:
+        table = data["tables"][split]
+        with np.errstate(over="ignore", invalid="ignore"):
+            slots = embed_split(params, table, cfg.model, CAUSAL[cfg.objective])
+        if not all(np.abs(z).max() < FLOAT16_MAX for _, z in slots.values()):  # NaN too
+            record_divergence(out, step, cfg.lr, f"{split} caption embeddings beyond "
+                              f"float16's range (saved as float16) or not finite")
+        save_caption_embeddings(out / CAPTIONS_DIR / caption_file_name(split, step), slots,
+                                data["captions"].image_ids[table.photo_idx])
+        if split != "train":
+            entry[split] = text_metrics(slots)
+    return entry
+
+
+def finish(params, cfg, data, out, metrics, t_start):
+    """After the last step: model.npz, the final evaluation of every split, a warning for
+    collapsed embeddings, metrics.json with "final". Returns the metrics dict."""
     atomic_savez(out / "model.npz", {**params, **tokenizer_to_arrays(data["tokenizer"])})
-    final = evaluate(cfg.steps, final=True)
+    final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
+    metrics["evals"].append(final)
+    atomic_write_json(out / "metrics.json", metrics)
     # collapse is silent in the losses and effective rank: name it (metrics.collapse_stats)
     warnings = [f"[{cfg.objective}] {out}: {split} caption embeddings collapsed: per-dimension "
                 f"std {final[split]['std']:.2g} < threshold "
@@ -389,65 +393,3 @@ def embed_captions(run_dir, captions):
     params, tok, cfg = load_model(run_dir)
     tokens = pad_batch([tok.encode(c, cfg.model.max_len)[0] for c in captions])  # (N, T)
     return embed(params, tokens, cfg.model, CAUSAL[cfg.objective])
-
-
-def add_train_args(p):
-    """The `train` sub-command's options (every TrainConfig field people change). A value out
-    of its range (flags.py) is argparse's one-line error and exit code 2, before any file is
-    read or written."""
-    d = TrainConfig()
-    p.add_argument("--objective", required=True, choices=sorted(OBJECTIVES),
-                   help="training objective")
-    p.add_argument("--captions", required=True, help="COCO captions JSON (COCO's own format)")
-    p.add_argument("--out", required=True, help="run directory to create (must be new or empty)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
-    p.add_argument("--resume", action="store_true",
-                   help="continue --out from whatever stage stopped (skip it if finished; "
-                        "start it if --out does not exist yet)")
-    p.add_argument("--steps", type=positive_int, default=d.steps,
-                   help="optimizer steps, >= 1 (default %(default)s)")
-    p.add_argument("--seed", type=nonnegative_int, default=d.seed,
-                   help="init/batch/mask seed, >= 0 (default %(default)s)")
-    p.add_argument("--lr", type=positive_float, default=d.lr,
-                   help="peak learning rate, > 0 (default %(default)s)")
-    p.add_argument("--batch-photos", type=int_at_least(2), default=d.batch_photos,
-                   help="photos per step, two captions each, >= 2 (default %(default)s)")
-    p.add_argument("--warmup-steps", type=nonnegative_int, default=d.warmup_steps,
-                   help="linear warm-up steps before the cosine decay; keep it below --steps "
-                        "(default %(default)s)")
-    p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay,
-                   help=">= 0 (default %(default)s)")
-    p.add_argument("--mask-rate", type=fraction_in_0_1, default=d.mask_rate,
-                   help="bad_views: word masking probability, in [0, 1) (default %(default)s)")
-    p.add_argument("--anticollapse-weight", type=nonnegative_float, default=d.anticollapse_weight,
-                   help="next_token: weight on VICReg var+cov, >= 0 (default %(default)s)")
-    for name, what in (("sim_weight", "invariance (lambda)"), ("var_weight", "variance (mu)"),
-                       ("cov_weight", "covariance (nu)")):
-        p.add_argument("--" + name.replace("_", "-"), type=nonnegative_float,
-                       default=getattr(d, name), help=f"VICReg {what} weight, >= 0; variance "
-                       f"and covariance 0 let the embeddings collapse (default %(default)s)")
-    p.add_argument("--eval-every", type=positive_int, default=d.eval_every,
-                   help="steps between val evaluations, saved caption embeddings and checkpoints "
-                        "(default %(default)s)")
-    p.add_argument("--split-seed", type=nonnegative_int, default=d.split_seed,
-                   help="photo split seed, independent of --seed (default %(default)s)")
-    for name in ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len"):
-        p.add_argument("--" + name.replace("_", "-"),
-                       type=int_at_least(MIN_MAX_LEN) if name == "max_len" else positive_int,
-                       default=getattr(d.model, name), help="model size (default %(default)s)")
-
-
-def run_train(args):
-    """Build the config (ValueError for fields that disagree, e.g. d_model % n_heads != 0,
-    before --out is touched), then train."""
-    check_heads_divide_width(args)
-    model = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                        mlp_ratio=args.mlp_ratio, max_len=args.max_len)
-    cfg = TrainConfig(objective=args.objective, captions=args.captions, steps=args.steps,
-                      seed=args.seed, lr=args.lr, batch_photos=args.batch_photos,
-                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-                      mask_rate=args.mask_rate, anticollapse_weight=args.anticollapse_weight,
-                      sim_weight=args.sim_weight, var_weight=args.var_weight,
-                      cov_weight=args.cov_weight, eval_every=args.eval_every,
-                      split_seed=args.split_seed, model=model)
-    train(cfg, args.out, force=args.force, resume=args.resume)

@@ -127,7 +127,7 @@ def test_replicate_lr_range_must_be_increasing_when_searching(tmp_path, capsys):
     ({"steps": -3}, "TrainConfig: steps=-3 must be an integer >= 1"),
     ({"lr": 0.0}, "TrainConfig: lr=0.0 must be a number > 0"),
     ({"lr": float("inf")}, "TrainConfig: lr=inf must be a number > 0"),
-    ({"mask_rate": 1.0}, "TrainConfig: mask_rate=1.0 must be a number in [0, 1)"),
+    ({"loss": {"mask_rate": 1.0}}, "ObjectiveConfig: mask_rate=1.0 must be a number in [0, 1)"),
     ({"warmup_steps": -1}, "TrainConfig: warmup_steps=-1 must be an integer >= 0"),
     ({"eval_every": 0}, "TrainConfig: eval_every=0 must be an integer >= 1"),
     ({"batch_photos": 1}, "TrainConfig: batch_photos=1 must be an integer >= 2"),
@@ -150,10 +150,10 @@ def test_dataclasses_refuse_out_of_range_fields(fields, message):
 
 
 def test_dataclasses_accept_the_edges_of_each_range():
-    cfg = TrainConfig(steps=1, batch_photos=2, warmup_steps=0, eval_every=1, mask_rate=0.0,
-                      weight_decay=0.0, min_lr_ratio=1.0, lr=1e-9,
+    cfg = TrainConfig(steps=1, batch_photos=2, warmup_steps=0, eval_every=1,
+                      weight_decay=0.0, min_lr_ratio=1.0, lr=1e-9, loss={"mask_rate": 0.0},
                       model=ModelConfig(d_model=1, n_heads=1, n_layers=1, mlp_ratio=1, max_len=3))
-    assert (cfg.steps, cfg.model.max_len, cfg.mask_rate) == (1, 3, 0.0)
+    assert (cfg.steps, cfg.model.max_len, cfg.loss.mask_rate) == (1, 3, 0.0)
 
 
 def test_flag_types_return_values_and_name_the_range():

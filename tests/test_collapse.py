@@ -21,7 +21,7 @@ def world(tmp_path_factory):
 
 def run(world, out, **weights):
     cfg = TrainConfig(objective="good_views", captions=str(world), steps=20, batch_photos=16,
-                      lr=3e-3, warmup_steps=2, eval_every=20, model=TINY, **weights)
+                      lr=3e-3, warmup_steps=2, eval_every=20, model=TINY, loss=weights)
     return train(cfg, out, progress=False)
 
 

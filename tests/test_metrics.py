@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from minialign.metrics import (COLLAPSE_STD_FRACTION, collapse_stats, cosine_similarity,
-                               fit_rotation, knn_indices, l2_normalize, mutual_knn,
-                               paraphrase_r_at_1, prepare_for_rotation, procrustes_recall,
-                               recall_at_k, slot_metrics)
+                               fit_procrustes, fit_rotation, knn_indices, l2_normalize,
+                               mutual_knn, paraphrase_r_at_1, prepare_for_rotation,
+                               procrustes_recall, recall_at_k, rotated_recall, slot_metrics,
+                               text_metrics)
 
 
 def random_semi_orthogonal(rng, d_in, d_out):
@@ -221,6 +222,35 @@ def test_procrustes_recall_unrelated_spaces_is_low():
                           rng.standard_normal((20, 7)), rng.standard_normal((20, 16)))
 
 
+def refit_per_slot_recall(z_train, img_train, z_test, img_test):
+    """procrustes_recall as it was before the fit was shared: every call refits W."""
+    text_mean, img_mean = z_train.astype(np.float64).mean(0), img_train.astype(np.float64).mean(0)
+    w = fit_rotation(prepare_for_rotation(z_train, text_mean),
+                     prepare_for_rotation(img_train, img_mean))
+    mapped = prepare_for_rotation(z_test, text_mean) @ w
+    return recall_at_k(cosine_similarity(mapped, prepare_for_rotation(img_test, img_mean)))
+
+
+def test_one_fit_for_every_slot_gives_the_per_slot_refit_numbers():
+    """evaluate.score_test fits W once per step and maps every slot: the same numbers, bit for
+    bit, as refitting on the identical train pairs once per slot (the SVD is deterministic)."""
+    rng = np.random.default_rng(5)
+    w_true = random_semi_orthogonal(rng, 8, 12)                               # (8, 12)
+    z_train = rng.standard_normal((60, 8)).astype(np.float32)                 # (60, 8)
+    img_train = (z_train @ w_true + 0.8 * rng.standard_normal((60, 12))).astype(np.float32)
+    img_test = rng.standard_normal((40, 12)).astype(np.float32)               # (40, 12)
+    z_slots = [(img_test @ w_true.T + s * rng.standard_normal((40, 8))).astype(np.float32)
+               for s in (0.5, 1.0, 2.0)]                                       # 3 x (40, 8)
+    rotation = fit_procrustes(z_train, img_train)
+    for z in z_slots:
+        old = refit_per_slot_recall(z_train, img_train, z, img_test)
+        assert rotated_recall(rotation, z, img_test) == old
+        assert procrustes_recall(z_train, img_train, z, img_test) == old
+    assert len({rotated_recall(rotation, z, img_test)["R@1"] for z in z_slots}) > 1
+    with pytest.raises(ValueError, match="differ from train widths"):
+        rotated_recall(rotation, z_slots[0][:, :7], img_test)
+
+
 def test_prepare_for_rotation():
     x = np.array([[3.0, 4.0], [1.0, 1.0]])
     out = prepare_for_rotation(x, np.array([0.0, 1.0]))
@@ -248,3 +278,14 @@ def test_slot_metrics():
 def test_cosine_similarity_width_mismatch():
     with pytest.raises(ValueError, match="same width"):
         cosine_similarity(np.ones((2, 3)), np.ones((2, 4)))
+
+
+def test_text_metrics_of_slots():
+    """Paraphrase R@1 (slot 0 queries slot 1), chance 1 / P, the slot count, and the collapse
+    statistics of slot 0."""
+    z0 = np.eye(4, dtype=np.float32)                                          # (4, 4)
+    z1 = np.eye(4, dtype=np.float32)[[0, 1, 3, 2]]                            # photos 2, 3 swapped
+    photos = np.arange(4)
+    out = text_metrics({0: (photos, z0), 1: (photos, z1), 2: (photos[:2], z0[:2])})
+    assert out["paraphrase_R@1"] == 0.5 and out["chance"] == 0.25 and out["caption_slots"] == 3
+    assert out == {"paraphrase_R@1": 0.5, "chance": 0.25, "caption_slots": 3, **collapse_stats(z0)}

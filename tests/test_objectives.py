@@ -1,16 +1,24 @@
 """The whole model under each objective: every gradient against central differences (float64),
 plus the pair construction of bad views and the causal next-token head."""
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from gradcheck import numerical_grad, rel_err
 
 from minialign.data import Batch
 from minialign.model import ModelConfig, encode, init_params, param_count
-from minialign.objectives import OBJECTIVES, mask_words
+from minialign.objectives import OBJECTIVES, ObjectiveConfig, mask_words, next_token_targets
 from minialign.tokenizer import BOS, EOS, MASK, PAD
-from minialign.train import TrainConfig
 
 TINY = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=2, n_heads=2, mlp_ratio=4)
+
+
+@dataclass(frozen=True)
+class Config:
+    """What an objective reads of train.TrainConfig: the model's shape and its own settings."""
+    model: ModelConfig = TINY
+    loss: ObjectiveConfig = ObjectiveConfig()
 
 
 def tiny_batch():
@@ -34,7 +42,7 @@ def tiny_params(rng):
 
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_objective_gradients_end_to_end(name):
-    cfg = TrainConfig(objective=name, model=TINY)
+    cfg = Config()
     params, batch = tiny_params(np.random.default_rng(0)), tiny_batch()
     objective = OBJECTIVES[name]
     # bad views draws its masks from rng: the same seed on every call gives the same pair
@@ -55,13 +63,31 @@ def test_objective_gradients_end_to_end(name):
 
 def test_next_token_loss_is_ce_plus_weighted_var_cov():
     params, batch = tiny_params(np.random.default_rng(2)), tiny_batch()
-    l1, _, s1 = OBJECTIVES["next_token"](params, batch, TrainConfig(model=TINY), None)
-    l2, _, s2 = OBJECTIVES["next_token"](params, batch,
-                                         TrainConfig(model=TINY, anticollapse_weight=0.5), None)
+    l1, _, s1 = OBJECTIVES["next_token"](params, batch, Config(), None)
+    half = Config(loss=ObjectiveConfig(anticollapse_weight=0.5))
+    l2, _, s2 = OBJECTIVES["next_token"](params, batch, half, None)
     assert l1 == pytest.approx(s1["ce"] + 25 * s1["var"] + s1["cov"], rel=1e-12)
     assert l2 == pytest.approx(s2["ce"] + 0.5 * (25 * s2["var"] + s2["cov"]), rel=1e-12)
     # targets: 7 + 5 + 3 + 4 + 6 + 7 + 4 + 3 tokens, each predicts its successor except EOS
     assert s1["targets"] == (7 + 5 + 3 + 4 + 6 + 7 + 4 + 3) - 8
+
+
+def test_next_token_targets_are_the_following_real_token():
+    tokens = np.array([[BOS, 7, 8, EOS], [BOS, EOS, PAD, PAD]], np.int32)   # packed: 6 rows
+    targets, has_target = next_token_targets(tokens)
+    assert targets.tolist() == [7, 8, EOS, PAD, EOS, PAD]
+    assert has_target.tolist() == [True, True, True, False, True, False]
+
+
+def test_objective_config_refuses_out_of_range_settings():
+    for fields, message in [({"mask_rate": 1.0}, "mask_rate=1.0 must be a number in [0, 1)"),
+                            ({"sim_weight": -1.0}, "sim_weight=-1.0 must be a number >= 0"),
+                            ({"cov_weight": float("nan")}, "cov_weight=nan must be a number"),
+                            ({"var_weight": True}, "var_weight=True must be a number >= 0")]:
+        with pytest.raises(ValueError) as info:
+            ObjectiveConfig(**fields)
+        assert str(info.value).startswith("ObjectiveConfig: " + message)
+    assert ObjectiveConfig(mask_rate=0.0, anticollapse_weight=0).mask_rate == 0.0
 
 
 def test_causal_encoding_ignores_later_tokens():

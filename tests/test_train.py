@@ -1,4 +1,5 @@
 """The training loop: same seed -> bit-identical losses; short real runs learn; run directory."""
+import dataclasses
 import json
 
 import numpy as np
@@ -165,3 +166,77 @@ def test_prepare_split_error_names_the_file(tmp_path):
     with pytest.raises(ValueError, match="^" + str(path).replace(".", r"\.") + ": 11 photos"):
         train(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()               # failed before the run dir was made
+
+
+# ------------------------------------------- run directories written before TrainConfig.loss (#10)
+
+def flatten_saved_config(run):
+    """Rewrite run/config.json the way minialign wrote it before #10: the objectives' settings
+    (mask_rate, the VICReg weights, anticollapse_weight) at the top of "config"."""
+    saved = json.loads((run / "config.json").read_text())
+    saved["config"] = {**{k: v for k, v in saved["config"].items() if k != "loss"},
+                       **saved["config"]["loss"]}
+    (run / "config.json").write_text(json.dumps(saved))
+    return saved["config"]
+
+
+def test_upgrade_config_moves_the_flat_keys_into_loss():
+    from minialign.checkpoint import upgrade_config
+    now = json.loads(json.dumps(dataclasses.asdict(TrainConfig(loss={"mask_rate": 0.5}))))
+    flat = {**{k: v for k, v in now.items() if k != "loss"}, **now["loss"]}
+    assert "loss" not in flat and flat["mask_rate"] == 0.5
+    assert upgrade_config(flat) == now
+    assert upgrade_config(now) == now                      # today's layout: unchanged
+    assert TrainConfig(**upgrade_config(flat)) == TrainConfig(loss={"mask_rate": 0.5})
+
+
+def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
+    from minialign import replicate
+    from minialign.checkpoint import config_differences, read_run_config
+    cfg = TrainConfig(objective="bad_views", captions=str(world), steps=4, batch_photos=16,
+                      warmup_steps=1, eval_every=2, model=SMALL, loss={"mask_rate": 0.3})
+    train(cfg, tmp_path / "whole", progress=False)
+    assert train(cfg, tmp_path / "old", progress=False, stop_after=3) is None
+    flat = flatten_saved_config(tmp_path / "old")
+    assert flat["mask_rate"] == 0.3 and "loss" not in flat
+    assert read_run_config(tmp_path / "old")["loss"]["mask_rate"] == 0.3
+    assert config_differences(flat, cfg) == []
+    train(cfg, tmp_path / "old", progress=False, resume=True)      # from the step-2 checkpoint
+    for name in ("model.npz", "captions/test_step00004.npz"):
+        a, b = np.load(tmp_path / "whole" / name), np.load(tmp_path / "old" / name)
+        assert all(a[k].tobytes() == b[k].tobytes() for k in a.files), name
+    flatten_saved_config(tmp_path / "whole")
+    _, tok, loaded = load_model(tmp_path / "whole")
+    assert loaded == dataclasses.replace(cfg, model=dataclasses.replace(
+        SMALL, vocab_size=tok.vocab_size))
+    assert train(cfg, tmp_path / "whole", progress=False, resume=True)["final"]["step"] == 4
+    # a replicate protocol.json saved before #10 holds the same flat "base"
+    assert replicate.Protocol(base=flat).base.loss.mask_rate == 0.3
+
+
+def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):
+    from minialign.data import sample_batch
+    from minialign.model import init_params
+    from minialign.objectives import OBJECTIVES
+    from minialign.optim import adam_init, adam_step, clip_grad_norm
+    from minialign.train import prepare, train_step
+    cfg = TrainConfig(objective="bad_views", captions=str(world), batch_photos=16, model=SMALL)
+    data = prepare(cfg)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        SMALL, vocab_size=data["tokenizer"].vocab_size))
+    batch = sample_batch(data["tables"]["train"], 16, np.random.default_rng(0))
+    params = init_params(cfg.model, np.random.default_rng(0))
+    by_hand = {k: v.copy() for k, v in params.items()}
+    state, state_by_hand = adam_init(params), adam_init(by_hand)
+    loss, stats, grad_norm = train_step(params, state, batch, cfg, 1e-3, np.random.default_rng(1))
+    loss2, grads, stats2 = OBJECTIVES["bad_views"](by_hand, batch, cfg, np.random.default_rng(1))
+    assert (loss, stats, grad_norm) == (loss2, stats2, clip_grad_norm(grads, cfg.grad_clip))
+    adam_step(by_hand, grads, state_by_hand, 1e-3, cfg.weight_decay)
+    assert all(params[k].tobytes() == by_hand[k].tobytes() for k in params)
+    assert state["t"] == 1
+    params["ln_f.gamma"][0] = np.nan                       # the next loss is not finite
+    before = {k: v.copy() for k, v in params.items()}
+    loss, _, grad_norm = train_step(params, state, batch, cfg, 1e-3, np.random.default_rng(1))
+    assert not (np.isfinite(loss) and np.isfinite(grad_norm))
+    assert all(params[k].tobytes() == before[k].tobytes() for k in params) and state["t"] == 1
+    assert all(state[m][k].tobytes() == state_by_hand[m][k].tobytes() for m in "mv" for k in params)
