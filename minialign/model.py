@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layers import (attention_groups, embedding_backward, embedding_forward, gelu_backward,
-                     gelu_forward, layernorm_backward, layernorm_forward, linear_backward,
-                     linear_forward, mean_pool_backward, mean_pool_forward, mha_backward,
-                     mha_forward)
+from .fast_layers import (attention_groups, gelu_backward_fast, gelu_forward_fast,
+                          mha_backward_fast, mha_forward_fast)
+from .layers import (embedding_backward, embedding_forward, layernorm_backward, layernorm_forward,
+                     linear_backward, linear_forward, mean_pool_backward, mean_pool_forward)
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -74,7 +74,7 @@ def encode(params, tokens, cfg, causal=False):
     """Caption embeddings of a batch of token ids.
     tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
     causal: each token reads only itself and earlier tokens (next-token training) instead of
-    the whole caption. Per-token layers run on the n real tokens only (layers.pack).
+    the whole caption. Per-token layers run on the n real tokens only (fast_layers.pack).
     Returns z (B, D): the mean of the final hidden states over each caption's real tokens;
     h (n, D): the final hidden states (after the final LayerNorm) of the real tokens, in the
     order of tokens[tokens != PAD]; and a cache for encode_backward."""
@@ -91,13 +91,13 @@ def encode(params, tokens, cfg, causal=False):
     for i in range(cfg.n_layers):
         p = f"blocks.{i}."
         a, c_ln1 = layernorm_forward(h, params[p + "ln1.gamma"], params[p + "ln1.beta"])
-        a, c_att = mha_forward(a, params[p + "attn.w_qkv"], params[p + "attn.b_qkv"],
+        a, c_att = mha_forward_fast(a, params[p + "attn.w_qkv"], params[p + "attn.b_qkv"],
                                params[p + "attn.w_o"], params[p + "attn.b_o"], groups,
                                cfg.n_heads)                               # (n, D)
         h = h + a                                                         # (n, D) residual
         m, c_ln2 = layernorm_forward(h, params[p + "ln2.gamma"], params[p + "ln2.beta"])
         m, c_in = linear_forward(m, params[p + "mlp.w_in"], params[p + "mlp.b_in"])  # (n, F)
-        m, c_gelu = gelu_forward(m)                                       # (n, F)
+        m, c_gelu = gelu_forward_fast(m)                                       # (n, F)
         m, c_out = linear_forward(m, params[p + "mlp.w_out"], params[p + "mlp.b_out"])  # (n, D)
         h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
@@ -121,13 +121,13 @@ def encode_backward(dz, dh, cache, params, cfg):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
         dm, grads[p + "mlp.w_out"], grads[p + "mlp.b_out"] = linear_backward(dh, c_out)
-        dm = gelu_backward(dm, c_gelu)
+        dm = gelu_backward_fast(dm, c_gelu)
         dm, grads[p + "mlp.w_in"], grads[p + "mlp.b_in"] = linear_backward(dm, c_in)
         dm, grads[p + "ln2.gamma"], grads[p + "ln2.beta"] = layernorm_backward(dm, c_ln2)
         dh = dh + dm
         # forward: h = h + attn(ln1(h))
         da, grads[p + "attn.w_qkv"], grads[p + "attn.b_qkv"], grads[p + "attn.w_o"], \
-            grads[p + "attn.b_o"] = mha_backward(dh, c_att)
+            grads[p + "attn.b_o"] = mha_backward_fast(dh, c_att)
         da, grads[p + "ln1.gamma"], grads[p + "ln1.beta"] = layernorm_backward(da, c_ln1)
         dh = dh + da
     # forward: h = tok_emb[tokens] + pos_emb[positions]
