@@ -28,7 +28,7 @@ def good_views(params, batch, cfg, rng):
     z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
                                             cfg.cov_weight)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
     return loss, grads, stats
 
 
@@ -40,7 +40,7 @@ def bad_views(params, batch, cfg, rng):
     z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.sim_weight, cfg.var_weight,
                                             cfg.cov_weight)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
     return loss, grads, stats
 
 
@@ -54,7 +54,7 @@ def next_token(params, batch, cfg, rng):
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0, w * cfg.var_weight,  # <-
                                             w * cfg.cov_weight)
     dh, ce_loss, ce_stats, dtok_emb = _next_token_head(params["tok_emb"], h, tokens)  # <-
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), dh, cache, params, cfg.model)  # <-
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), dh, cache)      # <-
     grads["tok_emb"] += dtok_emb                                          # <- the head is tied
     stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)
     return loss + ce_loss, grads, stats
