@@ -87,3 +87,14 @@ def test_encode_backward_against_finite_differences(causal, with_dhf):
     for k in sorted(params):
         err = rel_err(grads[k], numerical_grad(loss, params[k]))
         assert err < 1e-7, f"d{k}: relative error {err:.1e}"
+
+
+def test_grads_keep_the_order_backward_computes_them():
+    """clip_grad_norm sums grads.values() in dict order: the order is part of the rounding."""
+    params = init_params(ONE_BLOCK, np.random.default_rng(5))
+    z, _, cache = encode(params, ragged_tokens(np.random.default_rng(6)), ONE_BLOCK)
+    order = list(encode_backward(np.ones_like(z), None, cache))
+    assert order == ["ln_f.gamma", "ln_f.beta"] + [f"blocks.0.{name}" for name in (
+        "mlp.w_out", "mlp.b_out", "mlp.w_in", "mlp.b_in", "ln2.gamma", "ln2.beta",
+        "attn.w_qkv", "attn.b_qkv", "attn.w_o", "attn.b_o", "ln1.gamma", "ln1.beta")] + [
+        "pos_emb", "tok_emb"]
