@@ -7,19 +7,24 @@ Parameters and gradients are two flat dicts with the same keys:
     blocks.{i}.attn.w_o (D, D), .b_o (D,), blocks.{i}.ln2.gamma/beta (D,),
     blocks.{i}.mlp.w_in (D, F), .b_in (F,), blocks.{i}.mlp.w_out (F, D), .b_out (D,),
     ln_f.gamma/beta (D,).
+BLOCK_PARAMS names a block's twelve, in the order init_params, encode and encode_backward use.
+Names: h is the residual stream, hf = ln_f(h) the final hidden states, z their pooled mean.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
-from .layers import (attention_groups, embedding_backward, embedding_forward, gelu_backward,
-                     gelu_forward, layernorm_backward, layernorm_forward, linear_backward,
-                     linear_forward, mean_pool_backward, mean_pool_forward, mha_backward,
-                     mha_forward)
+from .fast_layers import (attention_groups, gelu_backward_fast, gelu_forward_fast,
+                          mha_backward_fast, mha_forward_fast)
+from .layers import (embedding_backward, embedding_forward, layernorm_backward, layernorm_forward,
+                     linear_backward, linear_forward, mean_pool_backward, mean_pool_forward)
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
 MIN_MAX_LEN = 3  # the shortest max_len that holds BOS, one word and EOS (tokenizer.encode)
+# one block's parameters; blocks.{i}.<name> in the dicts (block_keys)
+BLOCK_PARAMS = ("ln1.gamma", "ln1.beta", "attn.w_qkv", "attn.b_qkv", "attn.w_o", "attn.b_o",
+                "ln2.gamma", "ln2.beta", "mlp.w_in", "mlp.b_in", "mlp.w_out", "mlp.b_out")
 
 
 @dataclass(frozen=True)
@@ -52,15 +57,16 @@ def init_params(cfg, rng, dtype=np.float32):
     resid_std = INIT_STD / np.sqrt(2 * L)
     params = {"tok_emb": normal(cfg.vocab_size, D), "pos_emb": normal(cfg.max_len, D)}
     for i in range(L):
-        p = f"blocks.{i}."
-        params.update({
-            p + "ln1.gamma": np.ones(D, dtype), p + "ln1.beta": np.zeros(D, dtype),
-            p + "attn.w_qkv": normal(D, 3 * D), p + "attn.b_qkv": np.zeros(3 * D, dtype),
-            p + "attn.w_o": normal(D, D, std=resid_std), p + "attn.b_o": np.zeros(D, dtype),
-            p + "ln2.gamma": np.ones(D, dtype), p + "ln2.beta": np.zeros(D, dtype),
-            p + "mlp.w_in": normal(D, F), p + "mlp.b_in": np.zeros(F, dtype),
-            p + "mlp.w_out": normal(F, D, std=resid_std), p + "mlp.b_out": np.zeros(D, dtype),
-        })
+        block = {
+            "ln1.gamma": np.ones(D, dtype), "ln1.beta": np.zeros(D, dtype),
+            "attn.w_qkv": normal(D, 3 * D), "attn.b_qkv": np.zeros(3 * D, dtype),
+            "attn.w_o": normal(D, D, std=resid_std), "attn.b_o": np.zeros(D, dtype),
+            "ln2.gamma": np.ones(D, dtype), "ln2.beta": np.zeros(D, dtype),
+            "mlp.w_in": normal(D, F), "mlp.b_in": np.zeros(F, dtype),
+            "mlp.w_out": normal(F, D, std=resid_std), "mlp.b_out": np.zeros(D, dtype),
+        }
+        assert tuple(block) == BLOCK_PARAMS
+        params.update(zip(block_keys(i), block.values()))
     params["ln_f.gamma"], params["ln_f.beta"] = np.ones(D, dtype), np.zeros(D, dtype)
     return params
 
@@ -70,18 +76,23 @@ def param_count(params):
     return int(sum(p.size for p in params.values()))
 
 
+def block_keys(i):
+    """The parameter names of block i, in BLOCK_PARAMS order: "blocks.{i}.ln1.gamma", ..."""
+    return [f"blocks.{i}.{name}" for name in BLOCK_PARAMS]
+
+
 def encode(params, tokens, cfg, causal=False):
     """Caption embeddings of a batch of token ids.
     tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
     causal: each token reads only itself and earlier tokens (next-token training) instead of
-    the whole caption. Per-token layers run on the n real tokens only (layers.pack).
-    Returns z (B, D): the mean of the final hidden states over each caption's real tokens;
-    h (n, D): the final hidden states (after the final LayerNorm) of the real tokens, in the
-    order of tokens[tokens != PAD]; and a cache for encode_backward."""
+    the whole caption. Per-token layers run on the n real tokens only (fast_layers.pack).
+    Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
+    hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
+    the order of tokens[tokens != PAD]; and a cache for encode_backward."""
     B, T = tokens.shape
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
     mask = tokens != PAD                                                  # (B, T) real tokens
-    real = np.flatnonzero(mask)                                           # (n,) flat positions b*T + t
+    real = np.flatnonzero(mask)                                           # (n,) flat b*T + t
     seq, pos = np.divmod(real, T)                                         # (n,), (n,)
     groups = attention_groups(mask, causal, params["tok_emb"].dtype)      # grids of similar length
     h, c_tok = embedding_forward(tokens.ravel()[real], params["tok_emb"])  # (n, D)
@@ -89,65 +100,72 @@ def encode(params, tokens, cfg, causal=False):
     h += p_emb
     blocks = []
     for i in range(cfg.n_layers):
-        p = f"blocks.{i}."
-        a, c_ln1 = layernorm_forward(h, params[p + "ln1.gamma"], params[p + "ln1.beta"])
-        a, c_att = mha_forward(a, params[p + "attn.w_qkv"], params[p + "attn.b_qkv"],
-                               params[p + "attn.w_o"], params[p + "attn.b_o"], groups,
-                               cfg.n_heads)                               # (n, D)
+        (ln1_gamma, ln1_beta, w_qkv, b_qkv, w_o, b_o,
+         ln2_gamma, ln2_beta, w_in, b_in, w_out, b_out) = (params[k] for k in block_keys(i))
+        a, c_ln1 = layernorm_forward(h, ln1_gamma, ln1_beta)              # (n, D)
+        a, c_att = mha_forward_fast(a, w_qkv, b_qkv, w_o, b_o, groups, cfg.n_heads)  # (n, D)
         h = h + a                                                         # (n, D) residual
-        m, c_ln2 = layernorm_forward(h, params[p + "ln2.gamma"], params[p + "ln2.beta"])
-        m, c_in = linear_forward(m, params[p + "mlp.w_in"], params[p + "mlp.b_in"])  # (n, F)
-        m, c_gelu = gelu_forward(m)                                       # (n, F)
-        m, c_out = linear_forward(m, params[p + "mlp.w_out"], params[p + "mlp.b_out"])  # (n, D)
+        m, c_ln2 = layernorm_forward(h, ln2_gamma, ln2_beta)              # (n, D)
+        m, c_in = linear_forward(m, w_in, b_in)                           # (n, F)
+        m, c_gelu = gelu_forward_fast(m)                                  # (n, F)
+        m, c_out = linear_forward(m, w_out, b_out)                        # (n, D)
         h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
-    h, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
-    z, c_pool = mean_pool_forward(h, seq, B)                              # (B, D)
-    return z, h, (c_tok, c_pos, blocks, c_lnf, c_pool)
+    hf, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
+    z, c_pool = mean_pool_forward(hf, seq, B)                             # (B, D)
+    return z, hf, (c_tok, c_pos, blocks, c_lnf, c_pool)
 
 
-def encode_backward(dz, dh, cache, params, cfg):
+def encode_backward(dz, dhf, cache):
     """Undo `encode` call for call, in reverse.
-    dz: (B, D) gradient of the loss w.r.t. z; dh: (n, D) w.r.t. the final hidden states h,
-    or None when the loss reads only z. Returns {name: gradient}, same keys as params."""
+    dz: (B, D) gradient of the loss w.r.t. z; dhf: (n, D) w.r.t. the final hidden states hf,
+    or None when the loss reads only z. When z holds two views of each caption (one encode
+    call on a 2B batch), their gradients sum in the shared weights' entries of grads.
+    Returns {name: gradient}, the keys of params."""
     c_tok, c_pos, blocks, c_lnf, c_pool = cache
     grads = {}
-    dhf = mean_pool_backward(dz, c_pool)                                  # (n, D)
-    if dh is not None:
-        dhf += dh                                                         # h fed both pool and head
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf, c_lnf)
-    for i in reversed(range(cfg.n_layers)):
-        p = f"blocks.{i}."
+    dhf_pool = mean_pool_backward(dz, c_pool)                             # (n, D)
+    dhf = dhf_pool if dhf is None else dhf_pool + dhf                     # hf fed pool and head
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf, c_lnf)  # (n, D)
+    for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
-        dm, grads[p + "mlp.w_out"], grads[p + "mlp.b_out"] = linear_backward(dh, c_out)
-        dm = gelu_backward(dm, c_gelu)
-        dm, grads[p + "mlp.w_in"], grads[p + "mlp.b_in"] = linear_backward(dm, c_in)
-        dm, grads[p + "ln2.gamma"], grads[p + "ln2.beta"] = layernorm_backward(dm, c_ln2)
-        dh = dh + dm
+        dm, dw_out, db_out = linear_backward(dh, c_out)                   # (n, F)
+        dm = gelu_backward_fast(dm, c_gelu)                               # (n, F)
+        dm, dw_in, db_in = linear_backward(dm, c_in)                      # (n, D)
+        dm, dln2_gamma, dln2_beta = layernorm_backward(dm, c_ln2)         # (n, D)
+        dh = dh + dm                                                      # (n, D)
         # forward: h = h + attn(ln1(h))
-        da, grads[p + "attn.w_qkv"], grads[p + "attn.b_qkv"], grads[p + "attn.w_o"], \
-            grads[p + "attn.b_o"] = mha_backward(dh, c_att)
-        da, grads[p + "ln1.gamma"], grads[p + "ln1.beta"] = layernorm_backward(da, c_ln1)
-        dh = dh + da
+        da, dw_qkv, db_qkv, dw_o, db_o = mha_backward_fast(dh, c_att)     # (n, D)
+        da, dln1_gamma, dln1_beta = layernorm_backward(da, c_ln1)         # (n, D)
+        dh = dh + da                                                      # (n, D)
+        # in the order computed above: clip_grad_norm sums grads.values() in dict order, and
+        # that order is part of the float rounding tests/test_reference.py pins
+        key = dict(zip(BLOCK_PARAMS, block_keys(i)))                      # "ln1.gamma" -> full key
+        grads.update({key["mlp.w_out"]: dw_out, key["mlp.b_out"]: db_out,
+                      key["mlp.w_in"]: dw_in, key["mlp.b_in"]: db_in,
+                      key["ln2.gamma"]: dln2_gamma, key["ln2.beta"]: dln2_beta,
+                      key["attn.w_qkv"]: dw_qkv, key["attn.b_qkv"]: db_qkv,
+                      key["attn.w_o"]: dw_o, key["attn.b_o"]: db_o,
+                      key["ln1.gamma"]: dln1_gamma, key["ln1.beta"]: dln1_beta})
     # forward: h = tok_emb[tokens] + pos_emb[positions]
     grads["pos_emb"] = embedding_backward(dh, c_pos)
     grads["tok_emb"] = embedding_backward(dh, c_tok)
     return grads
 
 
-def lm_head_forward(h, tok_emb):
+def lm_head_forward(hf, tok_emb):
     """Next-token logits with the output matrix tied to the token embedding (Press & Wolf 2017):
-    logits = h @ tok_emb^T, no bias, so the head adds no parameters.
-    h: (n, D) hidden states at the positions that have a target; tok_emb: (V, D).
+    logits = hf @ tok_emb^T, no bias, so the head adds no parameters.
+    hf: (n, D) final hidden states at the positions that have a target; tok_emb: (V, D).
     Returns logits (n, V) and a cache."""
-    logits = h @ tok_emb.T                                                # (n, V)
-    return logits, (h, tok_emb)
+    logits = hf @ tok_emb.T                                               # (n, V)
+    return logits, (hf, tok_emb)
 
 
 def lm_head_backward(dlogits, cache):
-    """dlogits: (n, V) -> dh (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
-    h, tok_emb = cache
-    dh = dlogits @ tok_emb                                                # (n, D)
-    dtok_emb = dlogits.T @ h                                              # (V, D)
-    return dh, dtok_emb
+    """dlogits: (n, V) -> dhf (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
+    hf, tok_emb = cache
+    dhf = dlogits @ tok_emb                                               # (n, D)
+    dtok_emb = dlogits.T @ hf                                             # (V, D)
+    return dhf, dtok_emb

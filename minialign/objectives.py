@@ -50,10 +50,10 @@ def good_views(params, batch, cfg, rng):
     sum of both views' gradients inside encode_backward."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
+    z, hf, cache = encode(params, tokens, cfg.model, causal=False)        # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.loss.sim_weight,
                                             cfg.loss.var_weight, cfg.loss.cov_weight)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
     return loss, grads, stats
 
 
@@ -62,10 +62,10 @@ def bad_views(params, batch, cfg, rng):
     tokens = np.concatenate([mask_words(batch.tokens_a, cfg.loss.mask_rate, rng),   # <- (2B, T)
                              mask_words(batch.tokens_a, cfg.loss.mask_rate, rng)])  # <- a, a
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=False)         # (2B, D), (n, D)
+    z, hf, cache = encode(params, tokens, cfg.model, causal=False)        # (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.loss.sim_weight,
                                             cfg.loss.var_weight, cfg.loss.cov_weight)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache, params, cfg.model)
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
     return loss, grads, stats
 
 
@@ -75,17 +75,17 @@ def next_token(params, batch, cfg, rng):
     photo (no invariance). The head reads the token embedding, so tok_emb sums two gradients."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
-    z, h, cache = encode(params, tokens, cfg.model, causal=True)          # <- (2B, D), (n, D)
+    z, hf, cache = encode(params, tokens, cfg.model, causal=True)         # <- (2B, D), (n, D)
     w = cfg.loss.anticollapse_weight                                      # <- no invariance term:
     loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0,           # <-
                                             w * cfg.loss.var_weight, w * cfg.loss.cov_weight)  # <-
-    targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as h
-    logits, c_head = lm_head_forward(h[has_target], params["tok_emb"])    # <- (n_t, V)
+    targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
+    logits, c_head = lm_head_forward(hf[has_target], params["tok_emb"])   # <- (n_t, V)
     ce_loss, dlogits, ce_stats = cross_entropy(logits, targets[has_target])  # <-
     dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # <- (n_t, D), (V, D)
-    dh = np.zeros_like(h)                                                 # <- (n, D): no target,
-    dh[has_target] = dh_real                                              # <- no gradient
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), dh, cache, params, cfg.model)  # <-
+    dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
+    dhf[has_target] = dh_real                                             # <- no gradient
+    grads = encode_backward(np.concatenate([dz_a, dz_b]), dhf, cache)  # <-
     grads["tok_emb"] += dtok_emb                                          # <- the head is tied
     stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)             # <-
     return loss + ce_loss, grads, stats                                   # <-
@@ -97,7 +97,7 @@ def next_token_targets(tokens):
     caption's last token) and has_target (n,) bool, True for every real token but EOS."""
     targets = np.full_like(tokens, PAD)                                   # (B, T)
     targets[:, :-1] = tokens[:, 1:]                                       # next token, PAD at end
-    targets = targets[tokens != PAD]                                      # (n,) aligned with h
+    targets = targets[tokens != PAD]                                      # (n,) aligned with hf
     return targets, targets != PAD                                        # (n,), (n,)
 
 

@@ -1,38 +1,28 @@
-"""Every layer's backward against central finite differences, in float64, every element."""
+"""Every reference layer's backward against central finite differences, in float64, every element
+(minialign/layers.py; the fast path is checked against these in tests/test_fast_layers.py)."""
 import numpy as np
 import pytest
-from gradcheck import numerical_grad, rel_err
+from gradcheck import check_layer
 
-from minialign.layers import (attention_bias, attention_groups, embedding_backward, embedding_forward,
+from minialign.layers import (attention_bias, embedding_backward, embedding_forward,
                               gelu_backward, gelu_forward, layernorm_backward, layernorm_forward,
                               linear_backward, linear_forward, mean_pool_backward,
-                              mean_pool_forward, mha_backward, mha_forward, pack,
-                              softmax_attention_backward, softmax_attention_forward, unpack)
-
-TOL = 1e-7
-
-
-def check(loss, analytic, wrt, names):
-    for name, a, x in zip(names, analytic, wrt):
-        err = rel_err(a, numerical_grad(loss, x))
-        assert err < TOL, f"d{name}: relative error {err:.1e}"
+                              mean_pool_forward, merge_heads, mha_backward, mha_forward,
+                              split_heads)
 
 
 def test_linear_backward():
     rng = np.random.default_rng(0)
-    x, w, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 5)), rng.standard_normal(5)
-    dy = rng.standard_normal((2, 3, 5))
-    loss = lambda: np.sum(linear_forward(x, w, b)[0] * dy)
-    check(loss, linear_backward(dy, linear_forward(x, w, b)[1]), (x, w, b), "xwb")
+    inputs = dict(x=rng.standard_normal((2, 3, 4)), w=rng.standard_normal((4, 5)),
+                  b=rng.standard_normal(5))
+    check_layer(linear_forward, linear_backward, inputs, (2, 3, 5), rng)
 
 
 def test_layernorm_backward():
     rng = np.random.default_rng(1)
-    x, gamma, beta = rng.standard_normal((2, 3, 5)), rng.standard_normal(5), rng.standard_normal(5)
-    dy = rng.standard_normal((2, 3, 5))
-    loss = lambda: np.sum(layernorm_forward(x, gamma, beta)[0] * dy)
-    check(loss, layernorm_backward(dy, layernorm_forward(x, gamma, beta)[1]),
-          (x, gamma, beta), ("x", "gamma", "beta"))
+    inputs = dict(x=rng.standard_normal((2, 3, 5)), gamma=rng.standard_normal(5),
+                  beta=rng.standard_normal(5))
+    check_layer(layernorm_forward, layernorm_backward, inputs, (2, 3, 5), rng)
 
 
 def test_layernorm_forward_values():
@@ -42,9 +32,7 @@ def test_layernorm_forward_values():
 
 def test_gelu_backward_and_values():
     rng = np.random.default_rng(2)
-    x, dy = 2 * rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
-    loss = lambda: np.sum(gelu_forward(x)[0] * dy)
-    check(loss, (gelu_backward(dy, gelu_forward(x)[1]),), (x,), "x")
+    check_layer(gelu_forward, gelu_backward, dict(x=2 * rng.standard_normal((3, 7))), (3, 7), rng)
     # the tanh form at x = 1: 0.5 (1 + tanh(sqrt(2/pi) * 1.044715)) = 0.841192...
     np.testing.assert_allclose(gelu_forward(np.array([1.0, 0.0, -1.0]))[0],
                                [0.8411919906, 0.0, -0.1588080094], atol=1e-9)
@@ -52,11 +40,9 @@ def test_gelu_backward_and_values():
 
 def test_embedding_backward_repeated_ids():
     rng = np.random.default_rng(3)
-    weight = rng.standard_normal((6, 4))
     ids = np.array([1, 2, 1, 5, 1, 0])                    # id 1 read three times
-    dy = rng.standard_normal((6, 4))
-    loss = lambda: np.sum(embedding_forward(ids, weight)[0] * dy)
-    check(loss, (embedding_backward(dy, embedding_forward(ids, weight)[1]),), (weight,), ["w"])
+    check_layer(embedding_forward, embedding_backward,
+                dict(ids=ids, weight=rng.standard_normal((6, 4))), (6, 4), rng)
 
 
 def test_mean_pool_values_and_backward():
@@ -67,86 +53,45 @@ def test_mean_pool_values_and_backward():
     np.testing.assert_allclose(z[0], h[:2].mean(axis=0))
     np.testing.assert_allclose(z[1], h[2:].mean(axis=0))
     np.testing.assert_array_equal(z[2], 0.0)               # pools to 0, not NaN
-    dz = rng.standard_normal((3, 2))
-    loss = lambda: np.sum(mean_pool_forward(h, seq, 3)[0] * dz)
-    check(loss, (mean_pool_backward(dz, cache),), (h,), "h")
+    check_layer(mean_pool_forward, mean_pool_backward, dict(h=h, seq=seq, n_seqs=3), (3, 2), rng)
 
 
-def test_pack_unpack_round_trip():
-    mask = np.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
-    real = np.flatnonzero(mask)
-    x = np.arange(6.0).reshape(3, 2)
-    grid = unpack(x, real, 2, 3)
-    np.testing.assert_array_equal(grid, [[[0, 1], [2, 3], [0, 0]], [[4, 5], [0, 0], [0, 0]]])
-    np.testing.assert_array_equal(pack(grid, real), x)
+def test_split_and_merge_heads():
+    x = np.arange(2 * 3 * 6).reshape(2, 3, 6)             # (B, T, D), H = 2, Dh = 3
+    heads = split_heads(x, 2)
+    assert heads.shape == (2, 2, 3, 3)
+    np.testing.assert_array_equal(heads[1, 1, 2], x[1, 2, 3:6])   # head 1 reads features 3:6
+    np.testing.assert_array_equal(merge_heads(heads), x)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_softmax_attention_backward_with_padding(causal):
-    rng = np.random.default_rng(5)
-    B, H, T, Dh = 3, 2, 5, 3
-    q, k, v = (rng.standard_normal((B, H, T, Dh)) for _ in range(3))
-    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=bool)
-    bias = attention_bias(mask, causal, np.float64)
-    dy = rng.standard_normal((B, H, T, Dh))
-    y, cache = softmax_attention_forward(q, k, v, bias)
-    assert np.isfinite(y).all()
-    np.testing.assert_array_equal(y[2], 0.0)               # fully padded row: zeros, never NaN
-    loss = lambda: np.sum(softmax_attention_forward(q, k, v, bias)[0] * dy)
-    check(loss, softmax_attention_backward(dy, cache), (q, k, v), "qkv")
-
-
-def test_attention_reads_only_allowed_keys():
-    """Changing a padded key, or (causal) a later key, leaves earlier outputs unchanged."""
-    rng = np.random.default_rng(6)
-    q, k, v = (rng.standard_normal((1, 1, 4, 2)) for _ in range(3))
-    mask = np.array([[1, 1, 1, 0]], dtype=bool)
-    y, _ = softmax_attention_forward(q, k, v, attention_bias(mask, True, np.float64))
-    k2, v2 = k.copy(), v.copy()
-    k2[..., 2:, :] += 5.0
-    v2[..., 2:, :] += 5.0
-    y2, _ = softmax_attention_forward(q, k2, v2, attention_bias(mask, True, np.float64))
-    np.testing.assert_allclose(y2[..., :2, :], y[..., :2, :], rtol=1e-12)
-    # first query under the causal mask reads only key 0: y = v[0]
-    np.testing.assert_allclose(y[0, 0, 0], v[0, 0, 0], rtol=1e-12)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("group_size", [2, 64])
-def test_mha_backward(causal, group_size):
-    """Against finite differences, with the batch in one attention grid or split in several."""
+def test_mha_backward(causal):
+    """The dense reference, with padding and (causal) the future hidden."""
     rng = np.random.default_rng(7)
-    B, T, D, H = 4, 4, 6, 2
-    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=bool)
-    n = int(mask.sum())
-    x = rng.standard_normal((n, D))                        # 10 packed real tokens
-    w_qkv, b_qkv = rng.standard_normal((D, 3 * D)) / 2, rng.standard_normal(3 * D)
-    w_o, b_o = rng.standard_normal((D, D)) / 2, rng.standard_normal(D)
-    groups = attention_groups(mask, causal, np.float64, group_size)
-    assert len(groups) == -(-B // group_size)
-    assert sorted(np.concatenate([g[0] for g in groups]).tolist()) == list(range(n))
-    dy = rng.standard_normal((n, D))
-    fwd = lambda: mha_forward(x, w_qkv, b_qkv, w_o, b_o, groups, H)
-    loss = lambda: np.sum(fwd()[0] * dy)
-    check(loss, mha_backward(dy, fwd()[1]), (x, w_qkv, b_qkv, w_o, b_o),
-          ("x", "w_qkv", "b_qkv", "w_o", "b_o"))
+    B, T, D, H = 3, 4, 6, 2
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=bool)
+    inputs = dict(x=rng.standard_normal((B, T, D)), w_qkv=rng.standard_normal((D, 3 * D)) / 2,
+                  b_qkv=rng.standard_normal(3 * D), w_o=rng.standard_normal((D, D)) / 2,
+                  b_o=rng.standard_normal(D), bias=attention_bias(mask, causal, np.float64),
+                  n_heads=H)
+    check_layer(mha_forward, mha_backward, inputs, (B, T, D), rng)
 
 
-def test_attention_groups_do_not_change_the_output():
-    """Grids of 1, 2 or all captions give the same attention output: only padding differs."""
-    rng = np.random.default_rng(9)
-    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], bool)
-    x = rng.standard_normal((int(mask.sum()), 8))
-    w_qkv, w_o = rng.standard_normal((8, 24)), rng.standard_normal((8, 8))
-    b_qkv, b_o = rng.standard_normal(24), rng.standard_normal(8)
-    for causal in (False, True):
-        ys = [mha_forward(x, w_qkv, b_qkv, w_o, b_o, attention_groups(mask, causal, np.float64, g),
-                          2)[0] for g in (1, 2, 4)]
-        np.testing.assert_allclose(ys[0], ys[2], rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(ys[1], ys[2], rtol=1e-12, atol=1e-12)
-    # the grid of the two shortest captions is trimmed to their longest: 2 tokens
-    rows, real, Bg, Tg, bias = attention_groups(mask, False, np.float64, 2)[0]
-    assert (Bg, Tg) == (2, 2) and rows.tolist() == [10, 5, 6] and real.tolist() == [0, 2, 3]
+def test_mha_reads_only_allowed_keys():
+    """Changing a padded token, or (causal) a later token, leaves earlier outputs unchanged."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 4, 4))
+    weights = (rng.standard_normal((4, 12)), rng.standard_normal(12),
+               rng.standard_normal((4, 4)), rng.standard_normal(4))
+    mask = np.array([[1, 1, 1, 0]], dtype=bool)
+    for causal, unchanged in ((False, 3), (True, 2)):
+        x2 = x.copy()
+        x2[:, unchanged:] += 5.0
+        bias = attention_bias(mask, causal, np.float64)
+        y, _ = mha_forward(x, *weights, bias, 2)
+        y2, _ = mha_forward(x2, *weights, bias, 2)
+        np.testing.assert_allclose(y2[:, :unchanged], y[:, :unchanged], rtol=1e-12)
+        assert not np.allclose(y2[:, unchanged:], y[:, unchanged:])
 
 
 def test_layers_keep_float32():
@@ -154,8 +99,10 @@ def test_layers_keep_float32():
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
     g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
     assert layernorm_forward(x, g, b)[0].dtype == np.float32
-    assert gelu_forward(x)[0].dtype == np.float32
-    groups = attention_groups(np.ones((2, 3), bool), True, np.float32)
+    y, cache = gelu_forward(x)
+    assert y.dtype == np.float32 and gelu_backward(x, cache).dtype == np.float32
     w_qkv, w_o = np.ones((4, 12), np.float32), np.ones((4, 4), np.float32)
-    y, _ = mha_forward(x.reshape(6, 4), w_qkv, np.zeros(12, np.float32), w_o, b, groups, 2)
+    bias = attention_bias(np.ones((2, 3), bool), True, np.float32)
+    y, cache = mha_forward(x, w_qkv, np.zeros(12, np.float32), w_o, b, bias, 2)
     assert y.dtype == np.float32
+    assert all(d.dtype == np.float32 for d in mha_backward(x, cache))
