@@ -47,7 +47,7 @@ train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1
 bench:
 	$(PY) -m minialign bench
 
-# ---- the replication: minialign/replicate.py (runs) and minialign/report.py (table, figures).
+# ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
 # progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick).
 RESULTS    ?= results/coco

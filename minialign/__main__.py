@@ -37,7 +37,8 @@ def keep_freed_memory():
 
 
 def main(argv=None):
-    from . import bench, coco, evaluate, replicate, report, synthetic, train, train_cli
+    from . import train
+    from .machinery import bench, coco, evaluate, replicate, report, synthetic, train_cli
     parser = argparse.ArgumentParser(
         prog="python -m minialign",
         description="Good views vs next-token prediction for text-image alignment, in NumPy.")
@@ -65,7 +66,7 @@ def main(argv=None):
     command("report", "rebuild results.md and the figures from saved runs",
             report.add_report_args, report.run_report)
     try:
-        from . import export
+        from .machinery import export
         command("export", "one-time: COCO images -> frozen DINOv2 embeddings (.npz); "
                 "needs the [export] extra", export.add_export_args, export.run_export)
     except ImportError:

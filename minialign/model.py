@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fast_layers import (attention_groups, gelu_backward_fast, gelu_forward_fast,
+from .machinery.fast_layers import (attention_groups, gelu_backward_fast, gelu_forward_fast,
                           mha_backward_fast, mha_forward_fast)
 from .layers import (embedding_backward, embedding_forward, layernorm_backward, layernorm_forward,
                      linear_backward, linear_forward, mean_pool_backward, mean_pool_forward)

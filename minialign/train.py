@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, caption_file_name,
+from .machinery.rundir import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, caption_file_name,
                          check_replaceable, clear_run_dir, is_empty_run_dir, load_checkpoint,
                          read_run_config, rewind_run_dir, run_state, save_checkpoint)
-from .files import (RUN_FORMAT, DirLock, append_line, atomic_savez, atomic_write_json,
+from .machinery.files import (RUN_FORMAT, DirLock, append_line, atomic_savez, atomic_write_json,
                     load_npz, read_json, remove_stale_temporaries)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)

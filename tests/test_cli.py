@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from minialign import flags
+from minialign.machinery import flags
 from minialign.__main__ import main
 from minialign.model import ModelConfig
 from minialign.train import TrainConfig

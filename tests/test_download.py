@@ -7,8 +7,8 @@ import time
 import pytest
 from PIL import Image
 
-import minialign.download as download_module
-from minialign.download import MANIFEST, DownloadError, download, fetch_images
+import minialign.machinery.download as download_module
+from minialign.machinery.download import MANIFEST, DownloadError, download, fetch_images
 
 from localhttp import TINY_BACKOFF, jpeg_bytes, random_bytes, sha256
 

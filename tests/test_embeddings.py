@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from minialign.embeddings import (describe_join, join_on_ids, load_embeddings,
+from minialign.machinery.embeddings import (describe_join, join_on_ids, load_embeddings,
                                   save_embeddings, sha256_file)
 
 META = {"model": "test-model", "preprocessing": {"size": {"shortest_edge": 64}},

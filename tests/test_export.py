@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minialign.embeddings import load_embeddings, sha256_file
-from minialign.export import (POOLING, add_export_args, choose_photos, export_embeddings,
+from minialign.machinery.embeddings import load_embeddings, sha256_file
+from minialign.machinery.export import (POOLING, add_export_args, choose_photos, export_embeddings,
                               load_rgb, plain_progress_due, plain_progress_line, run_export,
                               to_rgb)
 

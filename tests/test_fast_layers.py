@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gradcheck import check_layer, rel_err
 
-from minialign.fast_layers import (AttentionGroup, attention_groups, gelu_backward_fast,
+from minialign.machinery.fast_layers import (AttentionGroup, attention_groups, gelu_backward_fast,
                                    gelu_forward_fast, mha_backward_fast, mha_forward_fast, pack,
                                    softmax_attention_backward, softmax_attention_forward, unpack)
 from minialign.layers import attention_bias, gelu_backward, gelu_forward, mha_backward, mha_forward

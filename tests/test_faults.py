@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from minialign import checkpoint, files, synthetic, train
+from minialign import train
+from minialign.machinery import files, rundir, synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -192,8 +193,8 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_the_rerun_continues(world, re
         assert err.value.errno == errno.ENOSPC
         assert str(err.value).startswith(str(out)), str(err.value)
         assert not list(out.rglob(f"*{files.TMP_SUFFIX}"))
-        if (out / checkpoint.CHECKPOINT).exists():
-            assert "state" in files.load_npz(out / checkpoint.CHECKPOINT)
+        if (out / rundir.CHECKPOINT).exists():
+            assert "state" in files.load_npz(out / rundir.CHECKPOINT)
         train.train(cfg, out, progress=False, resume=True)
         assert snapshot(out) == expected, f"disk full at event {k}"
 
@@ -222,7 +223,7 @@ def test_stopped_after_the_final_checkpoint_without_metrics_finishes(world, refe
     with pytest.raises(KeyboardInterrupt):
         train.train(cfg, out, progress=False)
     monkeypatch.setattr(train, "embed_split", real_evaluate_split)
-    assert (out / checkpoint.CHECKPOINT).exists() and not (out / "metrics.json").exists()
+    assert (out / rundir.CHECKPOINT).exists() and not (out / "metrics.json").exists()
     metrics = train.train(cfg, out, progress=False, resume=True)
     assert metrics["final"]["val"]["paraphrase_R@1"] >= 0
     assert [e["step"] for e in metrics["evals"]] == [cfg.steps]
@@ -231,7 +232,7 @@ def test_stopped_after_the_final_checkpoint_without_metrics_finishes(world, refe
 def test_a_truncated_checkpoint_is_one_line_naming_it(world, tmp_path):
     cfg, out = config(world["captions"]), tmp_path / "run"
     train.train(cfg, out, progress=False, stop_after=3)
-    path = out / checkpoint.CHECKPOINT
+    path = out / rundir.CHECKPOINT
     before = path.read_bytes()
     path.write_bytes(before[:len(before) // 2])
     with pytest.raises(ValueError) as err:
@@ -242,7 +243,7 @@ def test_a_truncated_checkpoint_is_one_line_naming_it(world, tmp_path):
 
 LOCK_HOLDER = """
 import sys, time
-from minialign.files import DirLock
+from minialign.machinery.files import DirLock
 lock = DirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(60)

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minialign import synthetic, train
+from minialign import train
+from minialign.machinery import synthetic
 from minialign.data import sample_batch
 from minialign.model import ModelConfig, init_params
 from minialign.objectives import OBJECTIVES

@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from minialign import evaluate, replicate, report, synthetic, train
-from minialign.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign import train
+from minialign.machinery import evaluate, replicate, report, synthetic
+from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from minialign import evaluate, figures, replicate, report, synthetic, train
-from minialign.embeddings import load_embeddings
+from minialign import train
+from minialign.machinery import evaluate, figures, replicate, report, synthetic
+from minialign.machinery.embeddings import load_embeddings
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)

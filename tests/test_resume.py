@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minialign import checkpoint, synthetic, train
+from minialign import train
+from minialign.machinery import rundir, synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -41,7 +42,7 @@ def arrays(path):
 
 def assert_same_run(a, b):
     """Same final weights, Adam moments, generator states, logged values and saved evaluations."""
-    ckpt_a, ckpt_b = arrays(a / checkpoint.CHECKPOINT), arrays(b / checkpoint.CHECKPOINT)
+    ckpt_a, ckpt_b = arrays(a / rundir.CHECKPOINT), arrays(b / rundir.CHECKPOINT)
     assert sorted(ckpt_a) == sorted(ckpt_b)
     for name in ckpt_a:
         if name != "state":
@@ -80,8 +81,8 @@ def test_stopped_and_resumed_run_is_bit_identical(world, tmp_path, stop_after):
 def test_stopped_twice_before_and_after_a_checkpoint(world, tmp_path):
     cfg, run = config(world["captions"]), tmp_path / "run"
     train.train(cfg, run, progress=False, stop_after=2)       # before the first checkpoint
-    assert not (run / checkpoint.CHECKPOINT).exists()
-    assert checkpoint.run_state(run, cfg) == "restart"
+    assert not (run / rundir.CHECKPOINT).exists()
+    assert rundir.run_state(run, cfg) == "restart"
     train.train(cfg, run, progress=False, resume=True, stop_after=7)
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
@@ -93,7 +94,7 @@ def test_resumed_during_final_evaluation(world, tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     del metrics["final"]                                       # the final eval entry is kept
     (run / "metrics.json").write_text(json.dumps(metrics))
-    assert checkpoint.run_state(run, cfg) == "checkpoint"
+    assert rundir.run_state(run, cfg) == "checkpoint"
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
     evals = json.loads((run / "metrics.json").read_text())["evals"]

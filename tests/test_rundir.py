@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minialign import synthetic, train
+from minialign import train
+from minialign.machinery import synthetic
 from minialign.__main__ import main
 
 TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--batch-photos", "8",

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from minialign.synthetic import (CAPTIONS_NAME, COLOURS, D_IMG, EMBEDDINGS_NAME, KINDS,
+from minialign.machinery.synthetic import (CAPTIONS_NAME, COLOURS, D_IMG, EMBEDDINGS_NAME, KINDS,
                                  N_FACTORS, POSITIONS, SETTINGS, SIZES, embed_scenes,
                                  make_world, sample_scene, scene_captions, scene_factors,
                                  write_world)
@@ -178,7 +178,7 @@ def test_default_world_size():
 def test_files_load_with_the_real_loaders(tmp_path):
     """The synthetic files pass the same readers as COCO + DINOv2 files."""
     from minialign.data import load_coco_captions
-    from minialign.embeddings import join_on_ids, load_embeddings
+    from minialign.machinery.embeddings import join_on_ids, load_embeddings
     captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=0)
     captions = load_coco_captions(captions_path)
     emb = load_embeddings(embeddings_path)

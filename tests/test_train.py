@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from minialign.model import ModelConfig
-from minialign.synthetic import write_world
+from minialign.machinery.synthetic import write_world
 from minialign.train import TrainConfig, embed_captions, load_model, train
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
@@ -97,8 +97,8 @@ def few_captions_world(tmp_path_factory):
 
 def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, tmp_path):
     from minialign.data import load_coco_captions
-    from minialign.embeddings import load_embeddings
-    from minialign.evaluate import evaluate_run, load_caption_slots
+    from minialign.machinery.embeddings import load_embeddings
+    from minialign.machinery.evaluate import evaluate_run, load_caption_slots
     path, embeddings = few_captions_world
     caps = load_coco_captions(path)
     assert caps.stats["max_captions_per_photo"] == 3
@@ -181,7 +181,7 @@ def flatten_saved_config(run):
 
 
 def test_upgrade_config_moves_the_flat_keys_into_loss():
-    from minialign.checkpoint import upgrade_config
+    from minialign.machinery.rundir import upgrade_config
     now = json.loads(json.dumps(dataclasses.asdict(TrainConfig(loss={"mask_rate": 0.5}))))
     flat = {**{k: v for k, v in now.items() if k != "loss"}, **now["loss"]}
     assert "loss" not in flat and flat["mask_rate"] == 0.5
@@ -191,8 +191,8 @@ def test_upgrade_config_moves_the_flat_keys_into_loss():
 
 
 def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
-    from minialign import replicate
-    from minialign.checkpoint import config_differences, read_run_config
+    from minialign.machinery import replicate
+    from minialign.machinery.rundir import config_differences, read_run_config
     cfg = TrainConfig(objective="bad_views", captions=str(world), steps=4, batch_photos=16,
                       warmup_steps=1, eval_every=2, model=SMALL, loss={"mask_rate": 0.3})
     train(cfg, tmp_path / "whole", progress=False)

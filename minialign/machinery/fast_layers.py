@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .layers import (GELU_A, GELU_C, attention_bias, linear_backward, linear_forward, merge_heads,
+from ..layers import (GELU_A, GELU_C, attention_bias, linear_backward, linear_forward, merge_heads,
                      split_heads)
 
 ATTENTION_GROUP = 64  # captions per attention grid (sorted by length: little padding in each)

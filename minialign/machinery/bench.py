@@ -1,7 +1,7 @@
 """Speed of one training step of each objective, against numpy's own float32 GEMM peak.
 
 `python -m minialign bench` runs each objective in a fresh child process,
-`python -m minialign.bench --only NAME --json` (so that each one's peak memory, the
+`python -m minialign.machinery.bench --only NAME --json` (so that each one's peak memory, the
 process-wide ru_maxrss, is its own), and each child:
   1. builds batches the way training does (train.prepare, data.sample_batch: 256 photos, two
      captions each, 512 captions), or with --fixed-length T 512 captions of exactly T word ids;
@@ -25,15 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Batch, sample_batch
+from ..data import Batch, sample_batch
 from .flags import check_heads_divide_width, int_at_least, nonnegative_int, positive_int
-from .model import ModelConfig, init_params
-from .objectives import OBJECTIVES
-from .optim import adam_init
-from .tokenizer import PAD, SPECIALS
-from .train import TrainConfig, prepare, train_step
+from ..model import ModelConfig, init_params
+from ..objectives import OBJECTIVES
+from ..optim import adam_init
+from ..tokenizer import PAD, SPECIALS
+from ..train import TrainConfig, prepare, train_step
 
-DEFAULT_CAPTIONS = Path(__file__).resolve().parents[2] / "shared" / "coco" / "captions_val2017.json"
+DEFAULT_CAPTIONS = Path(__file__).resolve().parents[3] / "shared" / "coco" / "captions_val2017.json"
 WARMUP_STEPS = 2      # untimed steps first: page faults, BLAS thread start-up
 TIMED_STEPS = 5
 FIXED_CAPTIONS = 512  # --fixed-length batch: 512 captions = 256 photos x 2, as in training
@@ -188,10 +188,10 @@ def child_env(unset_openblas_env):
 
 
 def run_child(name, args, env):
-    """Run `python -m minialign.bench --only name --json ...` (this module's own entry point,
+    """Run `python -m minialign.machinery.bench --only name --json ...` (this module's own entry point,
     so a child imports only what a training step needs) and return its JSON dict.
     Raises ValueError if the child fails; its own error message is on stderr above."""
-    argv = [sys.executable, "-m", "minialign.bench", "--only", name, "--json",
+    argv = [sys.executable, "-m", "minialign.machinery.bench", "--only", name, "--json",
             "--captions", str(Path(args.captions).resolve()), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--seed", str(args.seed),
             "--batch-photos", str(args.batch_photos), "--fixed-length", str(args.fixed_length),
@@ -218,7 +218,7 @@ def print_header(args, info):
                     for k in OPENBLAS_ENV)
     print(f"BLAS: {info['blas']} {info['blas_version']}, threads: {info['threads']}, {env}"
           + (" (removed for the children)" if args.unset_openblas_env else ""))
-    print("FLOPs: matmuls only, per-token layers on real tokens (minialign.bench.step_flops)")
+    print("FLOPs: matmuls only, per-token layers on real tokens (minialign.machinery.bench.step_flops)")
     print(ROW.format("objective", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
                      "peak", "of peak", "RSS MB"))
 
@@ -292,10 +292,10 @@ def add_bench_args(p):
 
 
 def main(argv=None):
-    """`python -m minialign.bench`: the same options as `python -m minialign bench`; the
+    """`python -m minialign.machinery.bench`: the same options as `python -m minialign bench`; the
     parent runs each child this way."""
-    from .__main__ import keep_freed_memory      # the process-level tweak of every entry point
-    parser = argparse.ArgumentParser(prog="python -m minialign.bench", description=__doc__)
+    from ..__main__ import keep_freed_memory      # the process-level tweak of every entry point
+    parser = argparse.ArgumentParser(prog="python -m minialign.machinery.bench", description=__doc__)
     add_bench_args(parser)
     args = parser.parse_args(argv)
     keep_freed_memory()

@@ -23,9 +23,9 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from minialign.embeddings import load_embeddings, save_embeddings, sha256_file
-from minialign.files import read_json
-from minialign.flags import nonnegative_int, positive_int
+from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign.machinery.files import read_json
+from minialign.machinery.flags import nonnegative_int, positive_int
 
 DEFAULT_MODEL = "facebook/dinov2-base"  # ViT-B/14 with D_img = 768 (Oquab et al. 2023)
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"

@@ -2,9 +2,9 @@
 command that builds the config from them and trains (train.train)."""
 from .flags import (check_heads_divide_width, fraction_in_0_1, int_at_least, nonnegative_float,
                     nonnegative_int, positive_float, positive_int)
-from .model import MIN_MAX_LEN, ModelConfig
-from .objectives import OBJECTIVES, ObjectiveConfig
-from .train import TrainConfig, train
+from ..model import MIN_MAX_LEN, ModelConfig
+from ..objectives import OBJECTIVES, ObjectiveConfig
+from ..train import TrainConfig, train
 
 
 def add_train_args(p):

@@ -37,9 +37,9 @@ import numpy as np
 from .files import atomic_write_json, load_npz, read_json
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
-from .metrics import (DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall,
+from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall,
                       slot_metrics, text_metrics)
-from .checkpoint import read_run_config
+from .rundir import read_run_config
 
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10

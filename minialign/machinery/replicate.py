@@ -28,21 +28,22 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, evaluate, train
-from .data import load_coco_captions, split_photos
+from .. import train
+from . import evaluate, rundir
+from ..data import load_coco_captions, split_photos
 from .files import DirLock, atomic_write_json, read_json
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
 from .flags import (UniqueList, check_heads_divide_width, int_at_least, nonnegative_int,
                     positive_float, positive_int)
-from .model import ModelConfig
-from .objectives import OBJECTIVES
+from ..model import ModelConfig
+from ..objectives import OBJECTIVES
 
 OBJECTIVE_ORDER = ("good_views", "bad_views", "next_token")  # the replication's table order
 SEEDS = (0, 1, 2)
 LR_MIN, LR_MAX, LR_PER_DECADE = 1e-4, 1e-2, 2   # search grid 1e-4, 3.16e-4, ..., 1e-2
 MAX_EXTENSIONS = 2                               # grid points added beyond an edge, at most
-DIVERGED = checkpoint.DIVERGED                   # marker of a run whose loss became NaN/Inf
+DIVERGED = rundir.DIVERGED                   # marker of a run whose loss became NaN/Inf
 LR_DIGITS = 3                                    # significant digits of a grid lr
 METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
 
@@ -62,7 +63,7 @@ class Protocol:
     def __post_init__(self):
         if isinstance(self.base, dict):
             object.__setattr__(self, "base",
-                               train.TrainConfig(**checkpoint.upgrade_config(self.base)))
+                               train.TrainConfig(**rundir.upgrade_config(self.base)))
         object.__setattr__(self, "objectives", tuple(self.objectives))
         object.__setattr__(self, "seeds", tuple(self.seeds))
         if self.lr_per_decade and grid_points(self) < 2:
@@ -117,7 +118,7 @@ def save_protocol(out, protocol):
     if path.exists() and holds_runs(out):
         old = read_json(path, "replicate protocol (protocol.json)")
         if isinstance(old.get("base"), dict):            # a protocol saved before #10
-            old = {**old, "base": checkpoint.upgrade_config(old["base"])}
+            old = {**old, "base": rundir.upgrade_config(old["base"])}
         if old != json.loads(json.dumps(saved)):
             diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
             raise ValueError(f"{out}: holds results of another protocol (differs in "

@@ -22,7 +22,7 @@ import numpy as np
 from . import replicate
 from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
-from .checkpoint import read_run_config
+from .rundir import read_run_config
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "mutual_knn_lr_search": 0.328},

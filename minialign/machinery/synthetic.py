@@ -17,8 +17,8 @@ import re
 
 import numpy as np
 
-from minialign.embeddings import save_embeddings
-from minialign.files import atomic_write_bytes
+from minialign.machinery.embeddings import save_embeddings
+from minialign.machinery.files import atomic_write_bytes
 
 WORLD_SEED = 20240601  # arbitrary constant: fixes the random "image model" so every world shares it
 D_IMG = 768            # width of DINOv2-base embeddings, which the synthetic ones stand in for
