@@ -1,13 +1,11 @@
 """Training: TrainConfig, one training step, the loop, and text-side evaluation during it.
 
-A run directory holds config.json, log.jsonl (one line per step), model.npz (weights and
-tokenizer), metrics.json (text-side metrics per evaluation step) and captions/ (caption
+A run writes a run directory (machinery/rundir.py names its files): config.json, log.jsonl
+(one line per step), metrics.json (text-side metrics per evaluation step), captions/ (caption
 embeddings of the val and test photos at every evaluation, and of the train photos at the
-end, float16), which `python -m minialign evaluate` scores against image embeddings later.
+end, float16, which `python -m minialign evaluate` scores against image embeddings later),
+checkpoint.npz (to resume: machinery/checkpoint.py) and model.npz (weights and tokenizer).
 Training never reads image embeddings: this module does not import the modules that load them.
-
-Stopping and resuming (checkpoint.npz, resume=True) is in checkpoint.py; the `train` command
-line in train_cli.py.
 """
 import dataclasses
 import json
@@ -19,25 +17,22 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .machinery.rundir import (CAPTIONS_DIR, CHECKPOINT, DIVERGED, caption_file_name,
-                         check_replaceable, clear_run_dir, is_empty_run_dir, load_checkpoint,
-                         read_run_config, rewind_run_dir, run_state, save_checkpoint)
-from .machinery.files import (RUN_FORMAT, DirLock, append_line, atomic_savez, atomic_write_json,
-                    load_npz, read_json, remove_stale_temporaries)
+from .machinery.checkpoint import open_run, resume_run, run_state, save_checkpoint
+from .machinery.files import append_line
+from .machinery.rundir import (finished_run, open_log, record_divergence,
+                               save_caption_embeddings, save_model, start_run, write_metrics)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
                    tokenize_photos)
 from .metrics import text_metrics
 from .model import ModelConfig, encode, init_params, param_count
 from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
-from .tokenizer import (VOCAB_KEY, build_tokenizer, pad_batch, tokenizer_from_arrays,
-                        tokenizer_to_arrays)
+from .tokenizer import build_tokenizer, tokenizer_to_arrays
 
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: saved caption embeddings must fit
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
-EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 
 
 @dataclass(frozen=True)
@@ -140,16 +135,6 @@ def embed_split(params, table, cfg, causal):
     return slots
 
 
-def save_caption_embeddings(path, slots, image_ids):
-    """captions/<name>.npz: for each slot s, slot{s}_image_ids (P_s,) int64 and slot{s}_z
-    (P_s, D) float16. Written under a temporary name, then renamed."""
-    arrays = {}
-    for s, (photos, z) in slots.items():
-        arrays[f"slot{s}_image_ids"] = image_ids[photos]
-        arrays[f"slot{s}_z"] = z.astype(np.float16)
-    atomic_savez(path, arrays)
-
-
 def train_step(params, state, batch, cfg, lr, rng_mask):
     """One optimizer step: the objective's loss and gradients, global-norm clipping, AdamW.
     params, state: weights and Adam moments, updated in place; batch: data.Batch; cfg:
@@ -164,11 +149,6 @@ def train_step(params, state, batch, cfg, lr, rng_mask):
     return loss, stats, grad_norm
 
 
-class Diverged(FloatingPointError):
-    """The loss or the gradient norm stopped being finite; the run directory's diverged.json
-    records the step and the values. The command line exits with EXIT_DIVERGED."""
-
-
 
 def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     """Run one training run and write the run directory `out`. Returns the final metrics dict.
@@ -181,39 +161,22 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     this runs. Raises FileNotFoundError / ValueError for bad captions or config, FileExistsError
     for a non-empty `out` without force or resume (or with foreign files), ValueError for
     resuming a directory that holds another config, files.DirLockedError when another
-    process holds `out`, Diverged when the loss stops being finite (now or in an earlier try)."""
+    process holds `out`, rundir.Diverged when the loss stops being finite (now or in an earlier try)."""
     if force and resume:
         raise ValueError("pass force (start over) or resume (continue), not both")
     out = Path(out)
+    # A finished run has nothing to redo: return its metrics before reading any input.
     if resume and run_state(out, cfg) in ("finished", "diverged"):
         return finished_run(out, cfg)
-    data = prepare(cfg)                          # bad input fails here, before `out` is touched
-    if force:
-        check_replaceable(out, inputs=[cfg.captions])
-    elif not resume and not is_empty_run_dir(out):
-        DirLock(out).check_free()                # a run in progress there: say whose
-        raise FileExistsError(f"{out}: directory exists and is not empty "
-                              "(pass --force to replace it, or --resume to continue it)")
+    # Check every input, before `out` is touched; the vocabulary sets the model's size.
+    data = prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
-    with DirLock(out):                           # decided again, now that no one else can write
-        found = run_state(out, cfg) if resume else "new"
+    # Lock `out`, then start, restart or continue the run there (checkpoint.open_run).
+    with open_run(out, cfg, force, resume, inputs=[cfg.captions]) as found:
         if found in ("finished", "diverged"):
             return finished_run(out, cfg)
-        remove_stale_temporaries(out)
-        if found in ("new", "restart"):
-            clear_run_dir(out)
         return run(cfg, out, data, found == "checkpoint", progress, stop_after)
-
-
-def finished_run(out, cfg):
-    """A resumed run that has nothing left to do: its metrics, or Diverged again."""
-    if (out / DIVERGED).is_file():
-        record = read_json(out / DIVERGED, "minialign diverged.json")
-        raise Diverged(f"{out / DIVERGED}: this run diverged earlier ({record.get('error')}); "
-                       f"not retried: lower --lr, or pass --force to start it over")
-    print(f"[{cfg.objective}] {out}: already finished, skipped", flush=True)
-    return read_json(out / "metrics.json", "minialign metrics.json")
 
 
 def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
@@ -232,18 +195,13 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
 
     # Resume: weights, moments and streams from checkpoint.npz, the files cut back to its step.
     # Or begin: config.json, no evaluation yet.
-    (out / CAPTIONS_DIR).mkdir(exist_ok=True)
     if from_checkpoint:
-        meta = load_checkpoint(out / CHECKPOINT, params, state,
-                               {"data": rng_data, "mask": rng_mask})
-        metrics = rewind_run_dir(out, meta, cfg)
+        metrics, meta = resume_run(out, cfg, params, state, {"data": rng_data, "mask": rng_mask})
         first_step, seconds_before = meta["step"], meta["seconds"]
         print(f"[{cfg.objective}] {out}: resuming from the checkpoint at step {first_step}",
               flush=True)
     else:
-        atomic_write_json(out / "config.json", {"format": RUN_FORMAT,
-                                                "config": dataclasses.asdict(cfg), "info": info})
-        metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
+        metrics = start_run(out, cfg, info)
         first_step, seconds_before = 0, 0.0
     print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
           f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
@@ -254,7 +212,7 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     bar = tqdm(total=cfg.steps, initial=first_step, desc=cfg.objective, disable=not use_bar,
                dynamic_ncols=True)
     t_start = time.perf_counter() - seconds_before
-    with open(out / "log.jsonl", "ab") as log:   # bytes: tell() is the length to cut back to
+    with open_log(out) as log:                   # bytes: tell() is the length to cut back to
         for step in range(first_step, cfg.steps):
             if stop_after is not None and step >= stop_after:   # as if killed here (tests)
                 bar.close()
@@ -282,13 +240,13 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
             if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 entry = evaluate(params, cfg, data, out, step + 1, ("val",))
                 metrics["evals"].append(entry)
-                atomic_write_json(out / "metrics.json", metrics)
+                write_metrics(out, metrics)
                 bar.write(f"[{cfg.objective}] step {step + 1} val paraphrase R@1 "
                           f"{entry['val']['paraphrase_R@1']:.3f}", file=sys.stdout)
 
             # Checkpoint: what a resumed run needs, at every evaluation step and the last step.
             if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(out / CHECKPOINT, step + 1, params, state,
+                save_checkpoint(out, step + 1, params, state,
                                 {"data": rng_data, "mask": rng_mask}, log.tell(),
                                 time.perf_counter() - t_start)
     bar.close()
@@ -316,7 +274,7 @@ def evaluate(params, cfg, data, out, step, splits):
         if not all(np.abs(z).max() < FLOAT16_MAX for _, z in slots.values()):  # NaN too
             record_divergence(out, step, cfg.lr, f"{split} caption embeddings beyond "
                               f"float16's range (saved as float16) or not finite")
-        save_caption_embeddings(out / CAPTIONS_DIR / caption_file_name(split, step), slots,
+        save_caption_embeddings(out, split, step, slots,
                                 data["captions"].image_ids[table.photo_idx])
         if split != "train":
             entry[split] = text_metrics(slots)
@@ -326,10 +284,10 @@ def evaluate(params, cfg, data, out, step, splits):
 def finish(params, cfg, data, out, metrics, t_start):
     """After the last step: model.npz, the final evaluation of every split, a warning for
     collapsed embeddings, metrics.json with "final". Returns the metrics dict."""
-    atomic_savez(out / "model.npz", {**params, **tokenizer_to_arrays(data["tokenizer"])})
+    save_model(out, {**params, **tokenizer_to_arrays(data["tokenizer"])})
     final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
     metrics["evals"].append(final)
-    atomic_write_json(out / "metrics.json", metrics)
+    write_metrics(out, metrics)
     # collapse is silent in the losses and effective rank: name it (metrics.collapse_stats)
     warnings = [f"[{cfg.objective}] {out}: {split} caption embeddings collapsed: per-dimension "
                 f"std {final[split]['std']:.2g} < threshold "
@@ -340,56 +298,10 @@ def finish(params, cfg, data, out, metrics, t_start):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     metrics.update(final=final, warnings=warnings, wall_seconds=time.perf_counter() - t_start,
                    ms_per_step=1000 * (time.perf_counter() - t_start) / max(1, cfg.steps))
-    atomic_write_json(out / "metrics.json", metrics)
+    write_metrics(out, metrics)
     print(f"[{cfg.objective}] done: val paraphrase R@1 {final['val']['paraphrase_R@1']:.3f}, "
           f"test {final['test']['paraphrase_R@1']:.3f} (chance {final['test']['chance']:.4f}); "
           f"test effective rank {final['test']['effective_rank']:.1f}, per-dim std "
           f"{final['test']['std']:.3g} (collapse below "
           f"{final['test']['collapse_std_threshold']:.3g})", flush=True)
     return metrics
-
-
-def record_divergence(out, step, lr, what):
-    """Write out/diverged.json {"step", "lr", "error"} and raise Diverged (one line: where,
-    what, what to do). what: e.g. "loss nan, gradient norm nan"."""
-    error = f"{what} at step {step}"
-    atomic_write_json(out / DIVERGED, {"step": step, "lr": lr, "error": error})
-    raise Diverged(f"{out}: diverged ({error}) at lr {lr:g}; recorded in {DIVERGED}. Lower --lr, "
-                   f"or pass --force to start over")
-
-
-def load_model(run_dir):
-    """A finished run's encoder: (params {name: float32 array}, Tokenizer, TrainConfig).
-    Raises FileNotFoundError / ValueError naming the file that is missing or malformed."""
-    run_dir = Path(run_dir)
-    for name in ("config.json", "model.npz"):
-        if not (run_dir / name).is_file():
-            raise FileNotFoundError(f"{run_dir / name}: no such file (is {run_dir} a finished run?)")
-    try:
-        cfg = TrainConfig(**read_run_config(run_dir))
-    except TypeError as err:                     # a field this version does not know
-        raise ValueError(f"{run_dir / 'config.json'}: not a config of this minialign "
-                         f"({err})") from None
-    arrays = load_npz(run_dir / "model.npz", "model file (model.npz)")
-    try:
-        tok = tokenizer_from_arrays(arrays)
-    except (KeyError, ValueError) as err:
-        raise ValueError(f"{run_dir / 'model.npz'}: no valid tokenizer ({err})") from None
-    return {k: v for k, v in arrays.items() if k != VOCAB_KEY}, tok, cfg
-
-
-def embed_captions(run_dir, captions):
-    """Caption embeddings z (N, D) float32 of N caption strings, by a finished run's encoder,
-    with the attention its objective trained (causal for next_token). Raw text is fine:
-    Tokenizer.encode applies tokenizer.clean_caption, the cleaning the training captions had,
-    so "A Dog\\u2019s bed\\n" embeds exactly like "a dog's bed". Raises TypeError if captions
-    is a single str or holds a non-str, ValueError if it is empty, FileNotFoundError /
-    ValueError for a run directory that is not a finished run (load_model)."""
-    if isinstance(captions, str):
-        raise TypeError("captions must be a list of strings, got one str (wrap it: [caption])")
-    captions = list(captions)
-    if not captions:
-        raise ValueError("captions is empty: nothing to embed")
-    params, tok, cfg = load_model(run_dir)
-    tokens = pad_batch([tok.encode(c, cfg.model.max_len)[0] for c in captions])  # (N, T)
-    return embed(params, tokens, cfg.model, CAUSAL[cfg.objective])

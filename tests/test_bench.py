@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from minialign.machinery.bench import KEYS, add_bench_args, run_bench, step_flops, token_counts
+from minialign.machinery.bench import KEYS, step_flops, token_counts
+from minialign.machinery.cli import add_bench_args, run_bench
 from minialign.model import ModelConfig
 from minialign.objectives import OBJECTIVES
 from minialign.tokenizer import BOS, EOS, PAD

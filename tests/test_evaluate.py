@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import evaluate, synthetic
+from minialign.machinery.cli import add_evaluate_args, run_evaluate
+from minialign.machinery import encoder, evaluate, synthetic
 from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.metrics import collapse_stats, mutual_knn, paraphrase_r_at_1, procrustes_recall
 from minialign.model import ModelConfig
@@ -45,8 +46,8 @@ def copy_run(world, objective, tmp_path):
 def cli(*argv):
     """`python -m minialign evaluate ARGV` without the process: parse, then run_evaluate."""
     parser = argparse.ArgumentParser()
-    evaluate.add_evaluate_args(parser)
-    return evaluate.run_evaluate(parser.parse_args([str(a) for a in argv]))
+    add_evaluate_args(parser)
+    return run_evaluate(parser.parse_args([str(a) for a in argv]))
 
 
 def test_split_defaults_fit_300_photos(world):
@@ -332,13 +333,13 @@ def test_damaged_run_json_is_one_line_naming_it(world, tmp_path, capsys, name, k
         assert main(argv[:5]) == 2
         assert one_error_line(capsys) == f"minialign evaluate: error: {path}: {message}"
         with pytest.raises(ValueError) as info:
-            train.load_model(runs[1])
+            encoder.load_model(runs[1])
         assert str(info.value) == f"{path}: {message}"
 
 
 def test_run_of_a_newer_minialign_is_refused(world, tmp_path, capsys):
     from minialign.__main__ import main
-    from minialign.machinery.files import RUN_FORMAT
+    from minialign.machinery.rundir import RUN_FORMAT
     run = copy_run(world, "good_views", tmp_path)
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "format": RUN_FORMAT + 1}))
@@ -348,11 +349,11 @@ def test_run_of_a_newer_minialign_is_refused(world, tmp_path, capsys):
     assert main(["evaluate", "--run", str(run), "--embeddings", str(world["embeddings"])]) == 2
     assert one_error_line(capsys) == f"minialign evaluate: error: {message}"
     with pytest.raises(ValueError) as info:
-        train.load_model(run)
+        encoder.load_model(run)
     assert str(info.value) == message
     assert snapshot(run) == before
     (run / "config.json").write_text(json.dumps({**config, "format": RUN_FORMAT}))
-    assert train.load_model(run)[2].objective == "good_views"        # the current format reads
+    assert encoder.load_model(run)[2].objective == "good_views"        # the current format reads
 
 
 def test_config_without_config_object_is_one_line(world, tmp_path, capsys):

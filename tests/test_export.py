@@ -2,18 +2,19 @@
 photos in ../shared/coco (no download). Pillow-only helpers are tested without torch."""
 import argparse
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED_COCO
 from PIL import Image
 
 from minialign.machinery.embeddings import load_embeddings, sha256_file
-from minialign.machinery.export import (POOLING, add_export_args, choose_photos, export_embeddings,
-                              load_rgb, plain_progress_due, plain_progress_line, run_export,
+from minialign.machinery.cli import add_export_args, run_export
+from minialign.machinery.export import (POOLING, choose_photos, export_embeddings,
+                              load_rgb, plain_progress_due, plain_progress_line, 
                               to_rgb)
 
-COCO_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "coco"
+COCO_DIR = SHARED_COCO
 IMAGES_DIR = COCO_DIR / "images"
 GRAYSCALE_ID = 431848  # 000000431848.jpg is mode L
 # facebook/dinov2-base's preprocessor_config.json, shrunk from 256 -> 224 to 64 -> 56 pixels

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import evaluate, replicate, report, synthetic
+from minialign.machinery.protocol import (Protocol, extend_side, grid_lr, lr_search, run_config,
+                                          run_name, selection_score)
+from minialign.machinery import cli, replicate, report, rundir, synthetic
 from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.model import ModelConfig
 
@@ -25,16 +27,16 @@ def tiny_protocol(captions, **changes):
                              warmup_steps=2, lr=1e-3, model=TINY)
     fields = dict(base=base, objectives=("good_views", "next_token"), seeds=(0, 1),
                   lr_min=1e-3, lr_max=1e-2, lr_per_decade=1, max_extensions=1)
-    return replicate.Protocol(**{**fields, **changes})
+    return Protocol(**{**fields, **changes})
 
 
 # ---------------------------------------------------------------- the lr search, pure
 def test_extend_side():
-    assert replicate.extend_side([0.1, 0.3, 0.2], 0) is None             # interior: stop
-    assert replicate.extend_side([0.3, 0.2, 0.1], 0) == "low"            # best on an edge
-    assert replicate.extend_side([0.1, 0.2, 0.3], 1) == "high"
-    assert replicate.extend_side([0.1, 0.2, 0.3], 2) is None             # at most twice
-    assert replicate.extend_side([0.3, 0.3, 0.1], 0) == "low"            # ties: the lower lr
+    assert extend_side([0.1, 0.3, 0.2], 0) is None             # interior: stop
+    assert extend_side([0.3, 0.2, 0.1], 0) == "low"            # best on an edge
+    assert extend_side([0.1, 0.2, 0.3], 1) == "high"
+    assert extend_side([0.1, 0.2, 0.3], 2) is None             # at most twice
+    assert extend_side([0.3, 0.3, 0.1], 0) == "low"            # ties: the lower lr
 
 
 @pytest.mark.parametrize("best, lrs, chosen, interior", [
@@ -45,35 +47,35 @@ def test_extend_side():
     (2e-2, [1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2, 3.16e-2], 3.16e-2, False),  # edge, 1 allowed
 ])
 def test_lr_search_extends_on_the_edge_at_most_twice(best, lrs, chosen, interior):
-    protocol = replicate.Protocol(base=train.TrainConfig(),
+    protocol = Protocol(base=train.TrainConfig(),
                                   max_extensions=1 if best == 2e-2 else 2)
     asked = []
 
     def score_of(lr):  # a hand-made score peaked at `best`, on a log scale
         asked.append(lr)
         return -abs(math.log10(lr) - math.log10(best))
-    search = replicate.lr_search(protocol, score_of)
+    search = lr_search(protocol, score_of)
     assert search["lrs"] == lrs                     # exact: grid_lr never drifts
     assert search["chosen"] == chosen and search["interior"] == interior
     assert search["todo"] is None and set(asked) == set(lrs)
 
 
 def test_lr_search_stops_at_the_first_unfinished_run():
-    protocol = replicate.Protocol(base=train.TrainConfig())
+    protocol = Protocol(base=train.TrainConfig())
     scores = {1e-4: 0.3, 3.16e-4: 0.2, 1e-3: 0.1, 3.16e-3: 0.0, 1e-2: 0.0}
-    search = replicate.lr_search(protocol, scores.get)
+    search = lr_search(protocol, scores.get)
     assert search["todo"] == 3.16e-5 and search["chosen"] is None      # the next to run
-    search = replicate.lr_search(protocol, {**scores, 1e-3: None}.get)
+    search = lr_search(protocol, {**scores, 1e-3: None}.get)
     assert search["todo"] == 1e-3
 
 
 def test_grid_lr_and_run_names():
-    protocol = replicate.Protocol(base=train.TrainConfig())
-    assert [replicate.grid_lr(protocol, k) for k in range(-2, 7)] == [
+    protocol = Protocol(base=train.TrainConfig())
+    assert [grid_lr(protocol, k) for k in range(-2, 7)] == [
         1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2, 3.16e-2, 0.1]
-    assert replicate.grid_lr(protocol, 2) == train.TrainConfig().lr  # the seed grid's run
-    cfg = replicate.run_config(protocol, "bad_views", 2, 3.16e-4)
-    assert replicate.run_name(cfg) == "bad_views-lr3.16e-04-seed2"
+    assert grid_lr(protocol, 2) == train.TrainConfig().lr  # the seed grid's run
+    cfg = run_config(protocol, "bad_views", 2, 3.16e-4)
+    assert run_name(cfg) == "bad_views-lr3.16e-04-seed2"
 
 
 # ---------------------------------------------------------------- a tiny grid, end to end
@@ -169,12 +171,12 @@ def test_results_equal_numbers_recomputed_from_the_runs(grid):
 
 def test_missing_embeddings_stop_before_training(grid, tmp_path):
     parser = argparse.ArgumentParser()
-    replicate.add_replicate_args(parser)
+    cli.add_replicate_args(parser)
     args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),
                               "--embeddings", str(tmp_path / "absent.npz"),
                               "--batch-photos", "16"])
     with pytest.raises(FileNotFoundError) as err:
-        replicate.run_replicate(args)
+        cli.run_replicate(args)
     for text in ("absent.npz does not exist", "python -m minialign export",
                  "IMAGE_EVAL=off", "embeddings/README.md", "python -m minialign evaluate"):
         assert text in str(err.value)
@@ -200,10 +202,10 @@ def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch)
     for _ in range(2):
         replicate.replicate(protocol, tmp_path, None, progress=False)
     run = tmp_path / "runs" / "good_views-lr1.00e+06-seed0"
-    record = json.loads((run / replicate.DIVERGED).read_text())
+    record = json.loads((run / rundir.DIVERGED).read_text())
     assert len(tries) == 1 and record["lr"] == 1e6 and 1 <= record["step"] <= protocol.base.steps
     assert any(word in record["error"] for word in ("nan", "inf", "float16"))
-    assert replicate.selection_score(run, "mutual_knn") == -math.inf
+    assert selection_score(run, "mutual_knn") == -math.inf
     assert report.run_numbers(run)["status"] == "diverged"
 
 
@@ -212,11 +214,11 @@ def test_embeddings_of_another_captions_file_stop_before_training(grid, tmp_path
     embeddings) are refused in one line, before --out is touched."""
     _, other = synthetic.write_world(tmp_path / "other", n_scenes=300, seed=1)
     parser = argparse.ArgumentParser()
-    replicate.add_replicate_args(parser)
+    cli.add_replicate_args(parser)
     args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),
                               "--embeddings", str(other), "--batch-photos", "16"])
     with pytest.raises(ValueError) as err:
-        replicate.run_replicate(args)
+        cli.run_replicate(args)
     made = load_embeddings(other).meta["captions_sha256"][:12]
     theirs = sha256_file(grid["captions"])[:12]
     assert str(err.value) == (
@@ -235,7 +237,7 @@ def test_embeddings_of_some_photos_of_the_same_file_are_refused(grid, tmp_path):
             "count": 270}
     part = save_embeddings(tmp_path / "part.npz", emb.image_ids[keep], emb.embeddings[keep], meta)
     parser = argparse.ArgumentParser()
-    replicate.add_replicate_args(parser)
+    cli.add_replicate_args(parser)
     args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),
                               "--embeddings", str(part)])
     with pytest.raises(ValueError, match=r"part.npz: made from this same captions file but only "

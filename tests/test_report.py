@@ -13,6 +13,8 @@ import pytest
 from PIL import Image
 
 from minialign import train
+from minialign.machinery.cli import add_report_args, run_report
+from minialign.machinery.protocol import Protocol
 from minialign.machinery import evaluate, figures, replicate, report, synthetic
 from minialign.machinery.embeddings import load_embeddings
 from minialign.model import ModelConfig
@@ -28,7 +30,7 @@ def text_only(tmp_path_factory):
     captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
     base = train.TrainConfig(captions=str(captions), steps=6, batch_photos=16, eval_every=3,
                              warmup_steps=2, lr=1e-3, model=TINY)
-    protocol = replicate.Protocol(base=base, objectives=("good_views", "next_token"),
+    protocol = Protocol(base=base, objectives=("good_views", "next_token"),
                                   seeds=(0, 1), lr_min=1e-3, lr_max=1e-2, lr_per_decade=1,
                                   max_extensions=0)
     replicate.replicate(protocol, root / "grid", None, progress=False)
@@ -37,8 +39,8 @@ def text_only(tmp_path_factory):
 
 def cli(out):
     parser = argparse.ArgumentParser()
-    report.add_report_args(parser)
-    return report.run_report(parser.parse_args([str(out)]))
+    add_report_args(parser)
+    return run_report(parser.parse_args([str(out)]))
 
 
 def outputs(out):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import rundir, synthetic
+from minialign.machinery import checkpoint, rundir, synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -82,7 +82,7 @@ def test_stopped_twice_before_and_after_a_checkpoint(world, tmp_path):
     cfg, run = config(world["captions"]), tmp_path / "run"
     train.train(cfg, run, progress=False, stop_after=2)       # before the first checkpoint
     assert not (run / rundir.CHECKPOINT).exists()
-    assert rundir.run_state(run, cfg) == "restart"
+    assert checkpoint.run_state(run, cfg) == "restart"
     train.train(cfg, run, progress=False, resume=True, stop_after=7)
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
@@ -94,7 +94,7 @@ def test_resumed_during_final_evaluation(world, tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     del metrics["final"]                                       # the final eval entry is kept
     (run / "metrics.json").write_text(json.dumps(metrics))
-    assert rundir.run_state(run, cfg) == "checkpoint"
+    assert checkpoint.run_state(run, cfg) == "checkpoint"
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
     evals = json.loads((run / "metrics.json").read_text())["evals"]

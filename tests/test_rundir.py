@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minialign import train
-from minialign.machinery import synthetic
+from minialign.machinery import cli, synthetic
 from minialign.__main__ import main
 
 TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--batch-photos", "8",
@@ -81,7 +80,7 @@ def test_force_never_removes_the_current_directory_or_a_parent(captions, tmp_pat
 
 def test_a_diverged_run_exits_3_with_a_record_and_is_not_retried(captions, tmp_path, capsys):
     out = tmp_path / "run"
-    assert train_cli(captions, out, "--lr", "1e6", steps=6) == train.EXIT_DIVERGED == 3
+    assert train_cli(captions, out, "--lr", "1e6", steps=6) == cli.EXIT_DIVERGED == 3
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("minialign train: diverged:")
     record = json.loads((out / "diverged.json").read_text())

@@ -7,7 +7,8 @@ import pytest
 
 from minialign.model import ModelConfig
 from minialign.machinery.synthetic import write_world
-from minialign.train import TrainConfig, embed_captions, load_model, train
+from minialign.machinery.encoder import embed_captions, load_model
+from minialign.train import TrainConfig, train
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
 
@@ -191,8 +192,9 @@ def test_upgrade_config_moves_the_flat_keys_into_loss():
 
 
 def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
-    from minialign.machinery import replicate
-    from minialign.machinery.rundir import config_differences, read_run_config
+    from minialign.machinery.protocol import Protocol
+    from minialign.machinery.checkpoint import config_differences
+    from minialign.machinery.rundir import read_run_config
     cfg = TrainConfig(objective="bad_views", captions=str(world), steps=4, batch_photos=16,
                       warmup_steps=1, eval_every=2, model=SMALL, loss={"mask_rate": 0.3})
     train(cfg, tmp_path / "whole", progress=False)
@@ -211,7 +213,7 @@ def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
         SMALL, vocab_size=tok.vocab_size))
     assert train(cfg, tmp_path / "whole", progress=False, resume=True)["final"]["step"] == 4
     # a replicate protocol.json saved before #10 holds the same flat "base"
-    assert replicate.Protocol(base=flat).base.loss.mask_rate == 0.3
+    assert Protocol(base=flat).base.loss.mask_rate == 0.3
 
 
 def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):

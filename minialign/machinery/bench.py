@@ -1,7 +1,7 @@
 """Speed of one training step of each objective, against numpy's own float32 GEMM peak.
 
 `python -m minialign bench` runs each objective in a fresh child process,
-`python -m minialign.machinery.bench --only NAME --json` (so that each one's peak memory, the
+`python -m minialign bench --only NAME --json` (so that each one's peak memory, the
 process-wide ru_maxrss, is its own), and each child:
   1. builds batches the way training does (train.prepare, data.sample_batch: 256 photos, two
      captions each, 512 captions), or with --fixed-length T 512 captions of exactly T word ids;
@@ -12,7 +12,6 @@ process-wide ru_maxrss, is its own), and each child:
      and the fraction of peak.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
-import argparse
 import dataclasses
 import json
 import os
@@ -26,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from ..data import Batch, sample_batch
-from .flags import check_heads_divide_width, int_at_least, nonnegative_int, positive_int
-from ..model import ModelConfig, init_params
+from ..model import init_params
 from ..objectives import OBJECTIVES
 from ..optim import adam_init
 from ..tokenizer import PAD, SPECIALS
-from ..train import TrainConfig, prepare, train_step
+from ..train import prepare, train_step
+from .machine import OPENBLAS_ENV, describe
 
 DEFAULT_CAPTIONS = Path(__file__).resolve().parents[3] / "shared" / "coco" / "captions_val2017.json"
 WARMUP_STEPS = 2      # untimed steps first: page faults, BLAS thread start-up
@@ -40,7 +39,6 @@ FIXED_CAPTIONS = 512  # --fixed-length batch: 512 captions = 256 photos x 2, as 
 GEMM_ROWS = 8192      # tokens per GEMM in the peak measurement (~512 captions x 16 tokens)
 GEMM_SQUARE = 2048    # plus one square GEMM, the shape BLAS libraries are tuned for
 GEMM_REPEATS = 5      # best of this many runs per shape
-OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 PYTORCH_REFERENCE = ("PyTorch CPU eager runs one good-views step of this model (512 captions, "
                      "T=16) in ~1.0 s and a next-token step in ~2.0 s")
 KEYS = ("objective", "ms_per_step", "gflop_per_step", "gflops", "peak_gflops",
@@ -108,15 +106,6 @@ def gemm_peak_gflops(cfg, repeats=GEMM_REPEATS, rows=GEMM_ROWS, square=GEMM_SQUA
     return best
 
 
-def blas_info(env):
-    """numpy's BLAS (name, version) and the threads and OpenBLAS settings a process with
-    environment `env` gets. threads: OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else all cores."""
-    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    threads = env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS") or os.cpu_count()
-    return {"blas": blas.get("name", "?"), "blas_version": blas.get("version", "?"),
-            "threads": int(threads), **{k.lower(): env.get(k) for k in OPENBLAS_ENV}}
-
-
 def peak_rss_mb():
     """Peak resident memory of this process so far, MB (Linux reports ru_maxrss in KB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -146,28 +135,25 @@ def time_steps(name, cfg, batch, params, rng, warmup, steps):
     return seconds
 
 
-def bench_one(name, args):
-    """Child: benchmark objective `name` in this process; returns its figures as a dict."""
-    captions = Path(args.captions)
-    model = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                        mlp_ratio=args.mlp_ratio)
-    cfg = TrainConfig(objective=name, captions=str(captions), batch_photos=args.batch_photos,
-                      model=model)
+def bench_one(name, args, cfg):
+    """Child: benchmark objective `name` in this process; returns its figures as a dict.
+    cfg: the TrainConfig of the command's flags (captions, batch_photos, seed, model sizes)."""
+    cfg = dataclasses.replace(cfg, objective=name)
     data = prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(      # as train.train does
-        model, vocab_size=data["tokenizer"].vocab_size))
+        cfg.model, vocab_size=data["tokenizer"].vocab_size))
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
-                                    for s in np.random.SeedSequence(args.seed).spawn(3))
+                                    for s in np.random.SeedSequence(cfg.seed).spawn(3))
     if args.fixed_length:
         batch = fixed_length_batch(args.fixed_length, cfg.model.vocab_size, rng_data)
     else:
-        batch = sample_batch(data["tables"]["train"], args.batch_photos, rng_data)
+        batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
     counts = token_counts(name, encoded_tokens(name, batch))
     flops = step_flops(counts["n_tokens"], counts["n_seqs"], counts["T"], cfg.model,
                        counts["n_targets"])
     peak = gemm_peak_gflops(cfg.model, rows=args.gemm_rows, square=args.gemm_square)
     params = init_params(cfg.model, rng_init)
-    seconds = time_steps(name, cfg, batch, params, rng_mask, args.warmup, args.steps)
+    seconds = time_steps(name, cfg, batch, params, rng_mask, args.warmup, args.timed_steps)
     median = statistics.median(seconds)
     return {"objective": name, "ms_per_step": 1000 * median, "gflop_per_step": flops / 1e9,
             "gflops": flops / median / 1e9, "peak_gflops": peak,
@@ -175,7 +161,7 @@ def bench_one(name, args):
             "ms_per_step_min": 1000 * min(seconds), "T": counts["T"],
             "real_tokens": counts["n_tokens"], "sequences": counts["n_seqs"],
             "next_token_targets": counts["n_targets"], "steps": len(seconds),
-            **blas_info(os.environ)}
+            **describe()}
 
 
 # ---------------------------------------------------------------- all objectives (parent)
@@ -188,11 +174,12 @@ def child_env(unset_openblas_env):
 
 
 def run_child(name, args, env):
-    """Run `python -m minialign.machinery.bench --only name --json ...` (this module's own entry point,
-    so a child imports only what a training step needs) and return its JSON dict.
+    """Run `python -m minialign bench --only name --json ...` with the parent's options and
+    return its JSON dict.
     Raises ValueError if the child fails; its own error message is on stderr above."""
-    argv = [sys.executable, "-m", "minialign.machinery.bench", "--only", name, "--json",
-            "--captions", str(Path(args.captions).resolve()), "--steps", str(args.steps),
+    argv = [sys.executable, "-m", "minialign", "bench", "--only", name, "--json",
+            "--captions", str(Path(args.captions).resolve()),
+            "--timed-steps", str(args.timed_steps),
             "--warmup", str(args.warmup), "--seed", str(args.seed),
             "--batch-photos", str(args.batch_photos), "--fixed-length", str(args.fixed_length),
             "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
@@ -213,12 +200,12 @@ def print_header(args, info):
             f"{args.batch_photos} photos x 2 captions per step")
     print(f"minialign bench: {data}; model L={args.n_layers} D={args.d_model} "
           f"H={args.n_heads} F={args.mlp_ratio * args.d_model}; {args.warmup} warm-up + "
-          f"{args.steps} timed steps of objective + clip + AdamW, one child process each")
+          f"{args.timed_steps} timed steps of objective + clip + AdamW, one child process each")
     env = ", ".join(f"{k}={info[k.lower()] if info[k.lower()] is not None else 'unset'}"
                     for k in OPENBLAS_ENV)
-    print(f"BLAS: {info['blas']} {info['blas_version']}, threads: {info['threads']}, {env}"
+    print(f"BLAS: {info['blas']}, threads: {info['blas_threads']}, {env}"
           + (" (removed for the children)" if args.unset_openblas_env else ""))
-    print("FLOPs: matmuls only, per-token layers on real tokens (minialign.machinery.bench.step_flops)")
+    print("FLOPs: matmuls only, per-token layers on real tokens (minialign/machinery/bench.py step_flops)")
     print(ROW.format("objective", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
                      "peak", "of peak", "RSS MB"))
 
@@ -231,17 +218,17 @@ def print_row(r):
                      f"{r['peak_rss_mb']:.0f}"), flush=True)
 
 
-def run_bench(args):
-    """The `bench` command: one child per objective (or, with --only, be that child)."""
-    check_heads_divide_width(args)                  # refused before any child starts
+def run_bench(args, cfg):
+    """The `bench` command (cli.add_bench_args' options; cfg: the TrainConfig of its flags):
+    one child per objective (or, with --only, be that child)."""
     if not Path(args.captions).is_file():
         raise FileNotFoundError(f"{args.captions}: no such file (COCO captions JSON; pass "
                                 "--captions)")
-    if not 0 <= args.fixed_length <= ModelConfig().max_len:
-        raise ValueError(f"--fixed-length must be in [1, {ModelConfig().max_len}] "
+    if not 0 <= args.fixed_length <= cfg.model.max_len:
+        raise ValueError(f"--fixed-length must be in [1, {cfg.model.max_len}] "
                          f"(or 0 for COCO batches), got {args.fixed_length}")
     if args.only:
-        result = bench_one(args.only, args)
+        result = bench_one(args.only, args, cfg)
         if args.json:
             print(json.dumps(result), flush=True)
         else:
@@ -249,7 +236,7 @@ def run_bench(args):
         return [result]
     env = child_env(args.unset_openblas_env)
     if not args.json:
-        print_header(args, blas_info(env))
+        print_header(args, describe(env))
     results = []
     for name in OBJECTIVES:
         results.append(run_child(name, args, env))
@@ -260,52 +247,3 @@ def run_bench(args):
     if not args.json:
         print(f"reference: {PYTORCH_REFERENCE} (compare with --fixed-length 16)")
     return results
-
-
-def add_bench_args(p):
-    """The `bench` sub-command's options. A value out of its range (flags.py) is argparse's
-    one-line error, exit code 2."""
-    d = ModelConfig()
-    p.add_argument("--captions", default=str(DEFAULT_CAPTIONS), help="COCO captions JSON")
-    p.add_argument("--steps", type=positive_int, default=TIMED_STEPS,
-                   help="timed steps per objective, >= 1")
-    p.add_argument("--warmup", type=nonnegative_int, default=WARMUP_STEPS,
-                   help="untimed steps first, >= 0")
-    p.add_argument("--fixed-length", type=nonnegative_int, default=0, metavar="T",
-                   help=f"time {FIXED_CAPTIONS} captions of exactly T random word ids "
-                   f"(no padding, T in [1, {d.max_len}]) instead of COCO batches; 0: COCO batches")
-    p.add_argument("--json", action="store_true", help="one JSON object per objective")
-    p.add_argument("--unset-openblas-env", action="store_true",
-                   help="run the children without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
-    p.add_argument("--only", choices=sorted(OBJECTIVES),
-                   help="benchmark one objective in this process (what each child runs)")
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="init/batch/mask seed, >= 0")
-    p.add_argument("--batch-photos", type=int_at_least(2), default=TrainConfig().batch_photos,
-                   help="photos per step, two captions each, >= 2")
-    for name in ("d_model", "n_layers", "n_heads", "mlp_ratio"):
-        p.add_argument("--" + name.replace("_", "-"), type=positive_int,
-                       default=getattr(d, name), help="model size, >= 1")
-    p.add_argument("--gemm-rows", type=positive_int, default=GEMM_ROWS,
-                   help="rows of the peak GEMMs, >= 1")
-    p.add_argument("--gemm-square", type=positive_int, default=GEMM_SQUARE,
-                   help="size of the square peak GEMM, >= 1")
-
-
-def main(argv=None):
-    """`python -m minialign.machinery.bench`: the same options as `python -m minialign bench`; the
-    parent runs each child this way."""
-    from ..__main__ import keep_freed_memory      # the process-level tweak of every entry point
-    parser = argparse.ArgumentParser(prog="python -m minialign.machinery.bench", description=__doc__)
-    add_bench_args(parser)
-    args = parser.parse_args(argv)
-    keep_freed_memory()
-    try:
-        run_bench(args)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"minialign bench: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

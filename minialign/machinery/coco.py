@@ -13,7 +13,6 @@ the subset, is the photo list of every later step (train, replicate, export):
 Every step is skipped when its output is already complete, and writes atomically (a
 temporary name, then a rename), so Ctrl-C at any point and a rerun lose nothing.
 """
-import argparse
 import json
 import os
 import shutil
@@ -26,7 +25,6 @@ import numpy as np
 
 from .embeddings import sha256_file
 from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
-from .flags import nonnegative_int, positive_int
 from ..tokenizer import clean_caption, has_word
 
 ANNOTATIONS_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
@@ -267,35 +265,19 @@ def fetch_subset_images(subset, images_dir, workers=8, progress=None):
           f"already present", flush=True)
 
 
-def add_data_args(p):
-    """The `data` sub-command's options."""
-    p.add_argument("--root", type=Path, default=Path("coco"), help="folder for everything COCO")
-    p.add_argument("--num-photos", type=positive_int, default=10000,
-                   help="photos in the subset, >= 1")
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the subset, >= 0")
-    p.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
-                   help="download the subset's photos into ROOT/train2017 (needed once by "
-                        "`make embeddings`)")
-    p.add_argument("--workers", type=positive_int, default=8, help="parallel photo downloads")
-    p.add_argument("--annotations-url", default=ANNOTATIONS_URL,
-                   help="where annotations_trainval2017.zip is downloaded from")
-    p.add_argument("--force", action="store_true",
-                   help="replace a subset file that was made with other settings")
-
-
-def run_data(args):
+def run_data(root, num_photos, seed, images, workers, annotations_url, force):
     """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
     One process at a time per --root (files.DirLock)."""
-    with DirLock(args.root):
-        paths = get_annotations(args.root, args.annotations_url)
-        subset = ensure_subset(paths["train"], subset_path(args.root, args.num_photos, args.seed),
-                               args.num_photos, args.seed, args.force)
+    with DirLock(root):
+        paths = get_annotations(root, annotations_url)
+        subset = ensure_subset(paths["train"], subset_path(root, num_photos, seed),
+                               num_photos, seed, force)
         made = [paths["train"], paths["val"], subset]
-        if args.images:
-            fetch_subset_images(subset, args.root / "train2017", args.workers)
-            made.append(args.root / "train2017")
+        if images:
+            fetch_subset_images(subset, root / "train2017", workers)
+            made.append(root / "train2017")
     print("ready: " + ", ".join(str(p) for p in made))
     print("next: `make embeddings` (the DINOv2 embeddings of the subset's photos, once), "
-          "then `make replicate`" if args.images else
+          "then `make replicate`" if images else
           "next: `make replicate IMAGE_EVAL=off` (text only), or rerun with --images and "
           "`make embeddings`")

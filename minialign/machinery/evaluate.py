@@ -4,7 +4,7 @@
 
 Training writes caption embeddings of the val photos at every evaluation step, and of the
 val, test and train photos at the final step, into DIR/captions/<split>_step<step>.npz
-(train.save_caption_embeddings). This module scores them against the frozen DINOv2 image
+(rundir.save_caption_embeddings). This module scores them against the frozen DINOv2 image
 embeddings of the same photos (embeddings.py), so training never reads the image file and a
 new metric never needs a new training run. For each saved step:
 
@@ -27,75 +27,25 @@ Results go into DIR/metrics.json under "image_alignment" (written atomically). W
 path that does not exist is an error that names it and the export command that creates it.
 """
 import json
-import re
 import sys
 from functools import reduce
 from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write_json, load_npz, read_json
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
 from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall,
                       slot_metrics, text_metrics)
-from .rundir import read_run_config
+from .rundir import (caption_files, check_run_dir, load_caption_slots, read_metrics,
+                     read_run_config, update_metrics)
 
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
 SPLITS = ("val", "test", "train")
-STEP_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")  # train.py: f"{split}_step{step:05d}"
 DEFAULT_EMBEDDINGS = "embeddings/coco_train2017_subset10000_seed0_dinov2-base.npz"  # make embeddings
 EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images <COCO images dir> "
                   "--model facebook/dinov2-base --out {out}")
-
-
-def check_run_dir(run_dir):
-    """The run directory as a Path. Raises FileNotFoundError naming it if it does not exist,
-    ValueError naming it unless it holds config.json and a captions/ folder with at least
-    one val_step*.npz."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise FileNotFoundError(f"{run_dir}: no such run directory (check the path; "
-                                f"`python -m minialign train --out DIR` writes one)")
-    if not (run_dir / "config.json").is_file() or not (run_dir / "captions").is_dir():
-        raise ValueError(f"{run_dir}: not a run directory (needs config.json and captions/, "
-                         f"as written by `python -m minialign train`)")
-    if not any((run_dir / "captions").glob("val_step*.npz")):
-        raise ValueError(f"{run_dir}: captions/ holds no val_step*.npz (no evaluation saved yet)")
-    return run_dir
-
-
-def caption_files(run_dir):
-    """{step: {split: path}} for every captions/<split>_step<step>.npz, steps ascending."""
-    files = {}
-    for path in sorted(Path(run_dir, "captions").iterdir()):
-        match = STEP_FILE.match(path.name)
-        if match:
-            files.setdefault(int(match.group(2)), {})[match.group(1)] = path
-    return dict(sorted(files.items()))
-
-
-def load_caption_slots(path):
-    """One saved caption file -> [(image_ids (P_s,) int64, z (P_s, D) float32) for s = 0, 1, ..].
-    Raises ValueError, one line starting with the file, if it is unreadable (empty, truncated,
-    not an .npz: files.load_npz), has fewer than 2 slots, or its arrays disagree (ranks, row
-    counts, widths, repeated ids)."""
-    arrays = load_npz(path, "saved caption embeddings file (.npz)")
-    slots = []
-    while f"slot{len(slots)}_z" in arrays and f"slot{len(slots)}_image_ids" in arrays:
-        s = len(slots)
-        ids, z = arrays[f"slot{s}_image_ids"], arrays[f"slot{s}_z"]
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or z.ndim != 2 or len(ids) != len(z):
-            raise ValueError(f"{path}: slot {s} has image_ids {ids.shape} {ids.dtype} and "
-                             f"z {z.shape}; expected (P,) integer and (P, D)")
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"{path}: slot {s} repeats an image id")
-        slots.append((ids.astype(np.int64), z.astype(np.float32)))       # (P_s,), (P_s, D)
-    if len(slots) < 2 or len({z.shape[1] for _, z in slots}) != 1:
-        raise ValueError(f"{path}: expected slot0_z, slot1_z, ... of one width, "
-                         f"has {sorted(arrays)}")
-    return slots
 
 
 def rows_of(ids, wanted):
@@ -237,20 +187,9 @@ def evaluate_run(run_dir, emb, write=True, every_photo=False):
     return result
 
 
-def read_metrics(run_dir):
-    """run_dir/metrics.json as a dict ({} if absent). Raises ValueError, one line starting
-    with the file, if it is empty, truncated or not a JSON object (files.read_json)."""
-    path = Path(run_dir) / "metrics.json"
-    return read_json(path, "run metrics file (metrics.json)") if path.exists() else {}
-
-
 def write_image_alignment(run_dir, result):
-    """Set metrics.json["image_alignment"] = result less "run"; temporary file + os.replace.
-    Raises ValueError naming metrics.json (read_metrics) before writing anything."""
-    path = Path(run_dir) / "metrics.json"
-    metrics = read_metrics(run_dir)
-    metrics["image_alignment"] = {key: v for key, v in result.items() if key != "run"}
-    atomic_write_json(path, metrics)
+    """Set metrics.json["image_alignment"] = result less "run" (rundir.update_metrics)."""
+    update_metrics(run_dir, "image_alignment", {k: v for k, v in result.items() if k != "run"})
 
 
 def summary_row(result):
@@ -314,31 +253,22 @@ def check_embeddings_path(path, captions):
                                 f"{how_to_export(path, captions)}")
 
 
-def add_evaluate_args(p):
-    """The `evaluate` sub-command's options."""
-    p.add_argument("--run", action="append", required=True, metavar="DIR",
-                   help="run directory written by `train`; repeat for several runs")
-    p.add_argument("--embeddings", default=None, metavar="PATH",
-                   help=f"frozen image embeddings .npz, e.g. {DEFAULT_EMBEDDINGS}; if omitted, "
-                        "only text-side metrics are printed; if given, it must exist")
-    p.add_argument("--json", action="store_true",
-                   help="print a machine-readable JSON summary instead of the table")
-
-
-def run_evaluate(args):
-    """Evaluate every --run, store image alignment in each metrics.json, print a summary.
+def evaluate_runs(run_dirs, embeddings=None, as_json=False):
+    """`python -m minialign evaluate`: evaluate every run directory of run_dirs (embeddings:
+    the .npz path, or None for the text side only), store image alignment in each metrics.json,
+    print a summary (as_json: as JSON). Evaluate every --run, store image alignment in each metrics.json, print a summary.
     Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
     --embeddings file that does not exist, ValueError for a bad run or a corrupt or
     mismatched embeddings file (one missing any val or test photo of a run); omitting
     --embeddings only limits the output to the text side."""
-    runs = [check_run_dir(r) for r in args.run]              # bad input fails before any work
+    runs = [check_run_dir(r) for r in run_dirs]              # bad input fails before any work
     configs = [read_run_config(r) for r in runs]              # each config.json, checked
     config = configs[0]
     captions = config.get("captions") or "<captions>"       # for the export command we print
     emb = note = None
-    if args.embeddings is not None:
-        check_embeddings_path(args.embeddings, captions)
-        emb = load_embeddings(args.embeddings)
+    if embeddings is not None:
+        check_embeddings_path(embeddings, captions)
+        emb = load_embeddings(embeddings)
     else:
         note = missing_embeddings_note(captions)
     if emb is not None:                                      # a bad metrics.json: before work
@@ -351,7 +281,7 @@ def run_evaluate(args):
     rows = [summary_row(r) for r in results]
     summary = {"embeddings": results[0]["embeddings"], "k": K, "runs": rows,
                "join": [r["join"] for r in results], "note": note}
-    if args.json:
+    if as_json:
         print(json.dumps(summary, indent=2))
         if note:
             print(note, file=sys.stderr)

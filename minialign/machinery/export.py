@@ -25,7 +25,6 @@ from tqdm import tqdm
 
 from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.machinery.files import read_json
-from minialign.machinery.flags import nonnegative_int, positive_int
 
 DEFAULT_MODEL = "facebook/dinov2-base"  # ViT-B/14 with D_img = 768 (Oquab et al. 2023)
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"
@@ -254,33 +253,10 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
     return load_embeddings(out_path)
 
 
-def add_export_args(parser):
-    """The `python -m minialign export` options, added to an argparse parser."""
-    parser.add_argument("--captions", type=Path, required=True,
-                        help="COCO captions JSON, e.g. annotations/captions_val2017.json")
-    parser.add_argument("--images", type=Path, required=True,
-                        help="folder of that split's images, e.g. val2017/")
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"Hugging Face DINOv2 name or local folder (default {DEFAULT_MODEL})")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="output .npz, e.g. embeddings/coco_val2017_dinov2-base.npz")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass, >= 1")
-    parser.add_argument("--device", default="cpu",
-                        help="torch device: cpu, cuda (needs a CUDA build of torch), mps")
-    parser.add_argument("--num-photos", type=positive_int, default=None,
-                        help="embed a seeded random subset of this many captioned photos")
-    parser.add_argument("--seed", type=nonnegative_int, default=0,
-                        help="seed of the --num-photos subset, >= 0")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
-    return parser
-
-
-def run_export(args):
-    """Run the export from parsed add_export_args options; print the file's shape and its
+def run_export(captions, images, out, **options):
+    """`python -m minialign export`: export_embeddings(captions, images, out, **options); print the file's shape and its
     sha256 line (the same line `sha256sum` prints). Returns 0."""
-    emb = export_embeddings(args.captions, args.images, args.out, model_name=args.model,
-                            batch_size=args.batch_size, device=args.device,
-                            num_photos=args.num_photos, seed=args.seed, force=args.force)
+    emb = export_embeddings(captions, images, out, **options)
     print(f"wrote {emb.path}: {emb.meta['count']} photos x {emb.meta['dim']} "
           f"{emb.meta['dtype']}, {emb.meta['pooling']}")
     print(f"{sha256_file(emb.path)}  {emb.path}")

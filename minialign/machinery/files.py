@@ -232,17 +232,3 @@ class DirLock:
 
     def __exit__(self, *exc):
         self.release()
-
-
-# run-directory format version
-RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
-
-
-def check_run_format(config, path):
-    """Refuse a run directory written by a newer minialign. config: the parsed config.json
-    (its top-level "format", absent in runs written before it existed = 1); path: the file,
-    for the message. Raises ValueError (one line starting with path) if format > RUN_FORMAT."""
-    found = config.get("format", 1)
-    if not isinstance(found, int) or isinstance(found, bool) or found > RUN_FORMAT:
-        raise ValueError(f"{path}: written by a newer minialign (run format {found}, this one "
-                         f"reads {RUN_FORMAT}); upgrade minialign")

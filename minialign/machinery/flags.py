@@ -3,11 +3,13 @@ anything is read or written, with argparse's own one-line error and the valid ra
 
     python -m minialign train: error: argument --steps: must be an integer >= 1, got '0'
 
-The dataclasses (train.TrainConfig, model.ModelConfig) check the same ranges again, so the
-Python API refuses them too; a check across two flags (d_model % n_heads) is theirs alone.
-Numpy-free, and imported by the sub-commands' add_*_args functions only.
+The dataclasses (train.TrainConfig, model.ModelConfig, objectives.ObjectiveConfig) check the
+same ranges again, so the Python API refuses them too. TRAIN_FLAGS declares every training
+flag once, from the config fields; config_from_args builds the config from them (cli.py).
+Numpy-free; imports nothing of minialign.
 """
 import argparse
+import dataclasses
 import math
 
 
@@ -80,3 +82,59 @@ def check_heads_divide_width(args):
     if args.d_model % args.n_heads:
         raise ValueError(f"--d-model {args.d_model} is not divisible by --n-heads "
                          f"{args.n_heads} (each head gets d_model / n_heads dimensions)")
+
+
+# ---------------------------------------------------------------- the training flags, once
+# Every training flag of every command: {config field: (help, type)}. A field of TrainConfig,
+# of its ModelConfig (.model) or of its ObjectiveConfig (.loss); the flag is the field's name
+# with dashes, its default the dataclass's. A command says which fields it exposes.
+TRAIN_FLAGS = {
+    "steps": ("optimizer steps, >= 1", positive_int),
+    "seed": ("init/batch/mask seed, >= 0", nonnegative_int),
+    "lr": ("peak learning rate, > 0 (replicate: the seed grid's shared lr)", positive_float),
+    "batch_photos": ("photos per step, two captions each, >= 2", int_at_least(2)),
+    "warmup_steps": ("linear warm-up steps before the cosine decay; keep it below --steps",
+                     nonnegative_int),
+    "weight_decay": ("decoupled AdamW weight decay, >= 0", nonnegative_float),
+    "eval_every": ("steps between val evaluations, saved caption embeddings and checkpoints, "
+                   ">= 1", positive_int),
+    "split_seed": ("photo split seed, independent of --seed", nonnegative_int),
+    "mask_rate": ("bad_views: word masking probability, in [0, 1)", fraction_in_0_1),
+    "anticollapse_weight": ("next_token: weight on VICReg var+cov, >= 0", nonnegative_float),
+    "sim_weight": ("VICReg invariance (lambda) weight, >= 0", nonnegative_float),
+    "var_weight": ("VICReg variance (mu) weight, >= 0; 0 with --cov-weight 0 lets the "
+                   "embeddings collapse", nonnegative_float),
+    "cov_weight": ("VICReg covariance (nu) weight, >= 0", nonnegative_float),
+    "d_model": ("model width D, >= 1, divisible by --n-heads", positive_int),
+    "n_layers": ("transformer blocks, >= 1", positive_int),
+    "n_heads": ("attention heads, >= 1", positive_int),
+    "mlp_ratio": ("MLP hidden width / D, >= 1", positive_int),
+    "max_len": ("longest caption in tokens, BOS and EOS included, >= 3", int_at_least(3)),
+}
+MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len")
+LOSS_FIELDS = ("mask_rate", "sim_weight", "var_weight", "cov_weight", "anticollapse_weight")
+
+
+def add_config_flags(p, fields, defaults):
+    """Add one flag per config field in `fields` (TRAIN_FLAGS' help and type), default from
+    `defaults`, a TrainConfig."""
+    for name in fields:
+        help, type = TRAIN_FLAGS[name]
+        owner = (defaults.model if name in MODEL_FIELDS else
+                 defaults.loss if name in LOSS_FIELDS else defaults)
+        p.add_argument("--" + name.replace("_", "-"), type=type, default=getattr(owner, name),
+                       help=help)
+
+
+def config_from_args(args, base, **fixed):
+    """The TrainConfig `base` with every config field present in the parsed `args` (and
+    `fixed`, e.g. objective=, captions=) replaced. Raises ValueError for fields that disagree
+    (--d-model not divisible by --n-heads), before any file is read or written."""
+    given = {k: v for k, v in vars(args).items() if k in TRAIN_FLAGS}
+    if "d_model" in given or "n_heads" in given:
+        check_heads_divide_width(argparse.Namespace(**{**{"d_model": base.model.d_model,
+                                                          "n_heads": base.model.n_heads}, **given}))
+    model = dataclasses.replace(base.model, **{k: v for k, v in given.items() if k in MODEL_FIELDS})
+    loss = dataclasses.replace(base.loss, **{k: v for k, v in given.items() if k in LOSS_FIELDS})
+    top = {k: v for k, v in given.items() if k not in MODEL_FIELDS + LOSS_FIELDS}
+    return dataclasses.replace(base, model=model, loss=loss, **top, **fixed)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import replicate
 from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
-from .rundir import read_run_config
+from .protocol import load_protocol, lr_search, run_config, run_name, selection_score
+from .rundir import is_diverged, read_metrics, read_run_config
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "mutual_knn_lr_search": 0.328},
@@ -41,12 +41,11 @@ def run_numbers(run_dir):
     (val split, every evaluation), "wall_seconds"}."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)                     # one-line errors naming the file
-    path = run_dir / "metrics.json"
-    metrics = read_json(path, replicate.METRICS_KIND) if path.exists() else {}
+    metrics = read_metrics(run_dir)
     out = {"name": run_dir.name, "objective": config["objective"], "seed": config["seed"],
            "lr": config["lr"], "status": "unfinished", "test": {}, "chance": {}, "curve": {},
            "wall_seconds": metrics.get("wall_seconds", 0.0)}
-    if (run_dir / replicate.DIVERGED).exists():
+    if is_diverged(run_dir):
         out["status"] = "diverged"
     if "final" not in metrics or out["status"] == "diverged":
         return out
@@ -79,7 +78,7 @@ def mean_std(values):
 def collect(out):
     """Every number of the report, from the saved runs (see the module docstring)."""
     out = Path(out)
-    protocol = replicate.load_protocol(out)
+    protocol = load_protocol(out)
     env_path = out / "environment.json"
     runs = {d.name: run_numbers(d) for d in sorted((out / "runs").iterdir())
             if (d / "config.json").is_file()}
@@ -90,7 +89,7 @@ def collect(out):
     keys = (*IMAGE_KEYS, TEXT_KEY) if image else (TEXT_KEY,)
 
     def run(objective, seed, lr=None):
-        return runs.get(replicate.run_name(replicate.run_config(protocol, objective, seed, lr)))
+        return runs.get(run_name(run_config(protocol, objective, seed, lr)))
 
     objectives, seed_runs = {}, {}
     for obj in protocol.objectives:
@@ -106,9 +105,9 @@ def collect(out):
     searches = {}
     for obj in protocol.objectives if protocol.lr_per_decade else ():
         def score_of(lr):
-            return replicate.selection_score(out / "runs" / replicate.run_name(
-                replicate.run_config(protocol, obj, protocol.seeds[0], lr)), metric)
-        search = replicate.lr_search(protocol, score_of)
+            return selection_score(out / "runs" / run_name(
+                run_config(protocol, obj, protocol.seeds[0], lr)), metric)
+        search = lr_search(protocol, score_of)
         chosen = search["chosen"] and run(obj, protocol.seeds[0], search["chosen"])
         searches[obj] = {**search, "test": chosen["test"] if chosen else None,
                          "scores": [None if s is None else float(s) if math.isfinite(s)
@@ -250,13 +249,8 @@ def build_report(out):
     return results
 
 
-def add_report_args(p):
-    p.add_argument("results_dir", help="a directory written by `python -m minialign replicate`")
-
-
-def run_report(args):
+def run_report(out):
     """`python -m minialign report DIR`: rebuild the table and figures, print the table."""
-    out = Path(args.results_dir)
     if not (out / "protocol.json").is_file():
         raise FileNotFoundError(f"{out}: no protocol.json; not a `replicate` results directory")
     results = build_report(out)

@@ -1,105 +1,51 @@
-"""A run directory's state on disk: atomic writes, checkpoint.npz, and resuming a stopped run.
+"""A training run's directory: every file name in it, and every read and write of it.
 
-At every evaluation step and at the last step a run writes checkpoint.npz (weights, Adam
-moments and step count, the data and mask generators' states, the step, and the length of
-log.jsonl), under a temporary name and then renamed. With resume=True a restarted run
-truncates log.jsonl and metrics.json back to that step and continues; it ends bit-identical to
-a run that was never stopped (log.jsonl holds no clock times, so it is identical byte for byte;
-the times are in metrics.json). Imports only numpy: it knows a config only as a dataclass.
+    config.json      {"format", "config": TrainConfig as a dict, "info"}   start_run
+    log.jsonl        one JSON line per step (no clock times: identical bytes on resume)
+    metrics.json     {"objective", "seed", "evals", "final", ...; "image_alignment" once
+                     evaluate has scored it}                      read_metrics / write_metrics
+    captions/<split>_stepNNNNN.npz   caption embeddings saved at evaluation steps
+                     save_caption_embeddings / caption_files / load_caption_slots
+    checkpoint.npz   the full state at the last evaluation step    checkpoint.py
+    model.npz        the final weights and the tokenizer           save_model / load_model_arrays
+    diverged.json    written when the loss stopped being finite    record_divergence
+
+open_run decides, under the directory's lock, whether a run starts, restarts, continues from
+its checkpoint or is already finished (run_state). Every write goes through files.py (a
+temporary file, fsync, rename). Imports only numpy and files.py: it knows a config only as a
+dataclass.
 """
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 
-from .files import (LOCK_FILE, TMP_SUFFIX, atomic_savez, atomic_write_json, check_run_format,
-                    load_npz, read_json)
+from .files import LOCK_FILE, atomic_savez, atomic_write_json, load_npz, read_json
 
+CONFIG = "config.json"         # the run's TrainConfig
+LOG = "log.jsonl"              # one line per step
+METRICS = "metrics.json"       # text-side metrics per evaluation; image alignment later
+MODEL = "model.npz"            # final weights + tokenizer
 CHECKPOINT = "checkpoint.npz"  # the run's full state at its last evaluation step
 DIVERGED = "diverged.json"     # written when the loss (or a gradient) stopped being finite
 CAPTIONS_DIR = "captions"      # caption embeddings saved at evaluation steps
 CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")   # caption_file_name's names
 FLAT_LOSS_KEYS = ("mask_rate", "sim_weight", "var_weight", "cov_weight",  # before #10: at the
                   "anticollapse_weight")                                # top of a saved config
-RUN_FILES = ("config.json", "log.jsonl", "metrics.json", CHECKPOINT, "model.npz", DIVERGED,
-             LOCK_FILE)
+RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
+RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
+METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
+
+
+class Diverged(FloatingPointError):
+    """The loss or the gradient norm stopped being finite; the run directory's diverged.json
+    records the step and the values. The command line exits with cli.EXIT_DIVERGED."""
 
 
 def caption_file_name(split, step):
     """captions/<split>_stepNNNNN.npz, e.g. val_step00250.npz (parsed by CAPTION_FILE)."""
     return f"{split}_step{step:05d}.npz"
-
-
-def run_files(out):
-    """The files in `out` that a minialign run writes: RUN_FILES, captions/<split>_stepNNNNN.npz,
-    and temporary files of an interrupted write. Returns (run_paths, foreign_paths): what
-    clear_run_dir may delete, and everything else (which makes `out` not a run directory)."""
-    out, ours, foreign = Path(out), [], []
-    for path in sorted(out.iterdir()) if out.is_dir() else []:
-        if path.name == CAPTIONS_DIR and path.is_dir() and not path.is_symlink():
-            for inner in sorted(path.iterdir()):
-                mine = inner.is_file() and (CAPTION_FILE.match(inner.name) or is_temporary(inner))
-                (ours if mine else foreign).append(inner)
-            ours.append(path)
-        elif path.is_file() and (path.name in RUN_FILES or is_temporary(path)):
-            ours.append(path)
-        else:
-            foreign.append(path)
-    return ours, foreign
-
-
-def is_temporary(path):
-    return path.name.startswith(".") and path.name.endswith(TMP_SUFFIX)
-
-
-def is_empty_run_dir(out):
-    """Whether `out` is absent, empty, or holds only what a run leaves before it has written
-    anything of value (its lock, an empty captions/ folder, temporary files)."""
-    ours, foreign = run_files(out)
-    return not foreign and all(p.name == LOCK_FILE or is_temporary(p) or
-                               (p.is_dir() and not any(p.iterdir())) for p in ours)
-
-
-def check_replaceable(out, inputs=()):
-    """Refuse, before anything is deleted, to let --force replace `out` unless it is a run
-    directory: not the current directory or one of its parents, holding none of `inputs`
-    (e.g. the captions file), and nothing but a run's own files (run_files).
-    Raises ValueError / FileExistsError naming `out` and what it holds."""
-    out = Path(out)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise FileExistsError(f"{out}: exists and is not a directory")
-    here, target = Path.cwd().resolve(), out.resolve()
-    if target == here or target in here.parents:
-        raise ValueError(f"{out}: is the current directory or one of its parents; --force "
-                         f"never deletes it, pass a run directory of its own (e.g. runs/NAME)")
-    for path in inputs:
-        if path and Path(path).resolve().is_relative_to(target):
-            raise ValueError(f"{out}: holds {path}, an input of this run; --force would delete "
-                             f"it. Move it out of {out} or pick another --out")
-    foreign = run_files(out)[1]
-    if foreign:
-        names = ", ".join(str(p.relative_to(out)) for p in foreign[:5])
-        raise FileExistsError(f"{out}: holds {len(foreign)} file(s) that no minialign run "
-                              f"writes ({names}{', ...' if len(foreign) > 5 else ''}); --force "
-                              f"only replaces a run directory. Move them or pick another --out")
-
-
-def clear_run_dir(out):
-    """Delete a run's own files from `out` (run_files), keeping the folder and its lock.
-    Call check_replaceable first, and only while holding the folder's DirLock."""
-    ours, foreign = run_files(out)
-    if foreign:                          # check_replaceable passed, then someone added a file
-        raise FileExistsError(f"{out}: now holds {foreign[0].name}, which no run writes; "
-                              f"nothing was deleted")
-    for path in ours:                    # a folder comes after its files (sorted, appended last)
-        if path.is_dir():
-            path.rmdir()
-        elif path.name != LOCK_FILE:
-            path.unlink()
 
 
 def upgrade_config(config):
@@ -113,51 +59,12 @@ def upgrade_config(config):
     return {**rest, "loss": {**flat, **rest.get("loss", {})}}
 
 
-def config_differences(saved, cfg):
-    """Fields where a saved config.json["config"] differs from cfg, as "name: saved -> now"
-    strings. model.vocab_size is skipped: training derives it from the captions."""
-    now = json.loads(json.dumps(dataclasses.asdict(cfg)))      # tuples -> lists, as saved
-    saved = upgrade_config(saved)
-    saved = {**saved, "model": {k: v for k, v in saved.get("model", {}).items()
-                                if k != "vocab_size"}}
-    now["model"].pop("vocab_size")
-    return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k)]
-
-
-def run_state(out, cfg):
-    """What `train --resume` finds in `out`: "new" (absent, or only a run's leftovers from before
-    its config.json was written), "finished" (metrics.json has "final"), "diverged"
-    (diverged.json), "checkpoint" (checkpoint.npz to continue from) or "restart" (a run of this
-    config stopped before its first checkpoint). Raises ValueError naming the file when
-    config.json is unreadable or describes another run, FileExistsError when `out` holds
-    files no run writes."""
-    out = Path(out)
-    if not out.exists():
-        return "new"
-    if not (out / "config.json").is_file():
-        if run_files(out)[1]:
-            raise FileExistsError(f"{out}: not empty and holds no config.json, so it is not a "
-                                  "run directory to resume; pick another --out")
-        return "new"
-    diff = config_differences(read_run_config(out), cfg)
-    if diff:
-        raise ValueError(f"{out}: holds a run of another config, so it cannot be resumed "
-                         f"({'; '.join(diff)}); pick another directory or pass --force")
-    if (out / DIVERGED).is_file():
-        return "diverged"
-    metrics = out / "metrics.json"
-    if metrics.is_file() and "final" in read_json(metrics, "minialign metrics.json"):
-        return "finished"
-    return "checkpoint" if (out / CHECKPOINT).is_file() else "restart"
-
-
 def read_run_config(run_dir):
     """The "config" dict of run_dir/config.json (TrainConfig's fields, as train wrote them, in
     today's layout: upgrade_config): the one reader of that file. Raises FileNotFoundError / ValueError, one line starting
     with the file: missing, empty, truncated, not a JSON object, written by a newer minialign
-    (files.check_run_format), or without a "config" object holding objective and seed."""
-    path = Path(run_dir) / "config.json"
+    (check_run_format), or without a "config" object holding objective and seed."""
+    path = Path(run_dir) / CONFIG
     saved = read_json(path, "run config (config.json)")
     check_run_format(saved, path)
     config = saved.get("config")
@@ -167,83 +74,151 @@ def read_run_config(run_dir):
     return upgrade_config(config)
 
 
-def save_checkpoint(path, step, params, state, rngs, log_bytes, seconds):
-    """Everything a resumed run needs to continue bit-identically, in one .npz written under
-    a temporary name and renamed: params/<name>, adam_m/<name>, adam_v/<name> (float32), and
-    "state", a 0-d string of JSON: step, Adam's t, bit_generator.state of each generator in
-    rngs {"data", "mask"}, log_bytes (length of log.jsonl at `step`), seconds trained so far."""
-    meta = {"step": step, "adam_t": state["t"], "log_bytes": log_bytes, "seconds": seconds,
-            "rng": {name: rng.bit_generator.state for name, rng in rngs.items()}}
-    arrays = {**{f"params/{k}": v for k, v in params.items()},
-              **{f"adam_m/{k}": v for k, v in state["m"].items()},
-              **{f"adam_v/{k}": v for k, v in state["v"].items()},
-              "state": np.array(json.dumps(meta))}
-    atomic_savez(path, arrays)
 
 
-def load_checkpoint(path, params, state, rngs):
-    """Restore a save_checkpoint file into params, state and rngs (in place).
-    Returns the JSON "state" dict (step, adam_t, log_bytes, seconds, rng). Raises ValueError
-    naming the file if it is unreadable or does not fit this run (an array missing or of
-    another shape or dtype); nothing is restored then."""
-    arrays = load_npz(path, "checkpoint")
-    try:
-        meta = json.loads(str(arrays["state"]))
-        saved = {(prefix, k): arrays[prefix + k] for prefix, target in
-                 (("params/", params), ("adam_m/", state["m"]), ("adam_v/", state["v"]))
-                 for k in target}
-        rng_states = [meta["rng"][name] for name in rngs]
-        step, adam_t = int(meta["step"]), int(meta["adam_t"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path}: not a checkpoint of this run (lacks {err}); pass --force "
-                         f"to start the run over") from None
-    for (prefix, k), array in saved.items():
-        target = params[k] if prefix == "params/" else state["m" if prefix == "adam_m/" else "v"][k]
-        if array.shape != target.shape or array.dtype != target.dtype:
-            raise ValueError(f"{path}: {prefix}{k} is {array.shape} {array.dtype}, this run's is "
-                             f"{target.shape} {target.dtype}; pass --force to start over")
-    for (prefix, k), array in saved.items():
-        target = params[k] if prefix == "params/" else state["m" if prefix == "adam_m/" else "v"][k]
-        target[...] = array
-    state["t"] = adam_t
-    for rng, rng_state in zip(rngs.values(), rng_states):
-        rng.bit_generator.state = rng_state
-    return {**meta, "step": step}
+def check_run_format(config, path):
+    """Refuse a run directory written by a newer minialign. config: the parsed config.json
+    (its top-level "format", absent in runs written before it existed = 1); path: the file,
+    for the message. Raises ValueError (one line starting with path) if format > RUN_FORMAT."""
+    found = config.get("format", 1)
+    if not isinstance(found, int) or isinstance(found, bool) or found > RUN_FORMAT:
+        raise ValueError(f"{path}: written by a newer minialign (run format {found}, this one "
+                         f"reads {RUN_FORMAT}); upgrade minialign")
 
 
-def eval_steps(step, steps, eval_every):
-    """The intermediate evaluation steps a run has passed at `step`: every eval_every-th step
-    up to `step`, the final step (`steps`) excluded (its evaluation follows the checkpoint)."""
-    return [s for s in range(eval_every, step + 1, eval_every) if s < steps]
+def start_run(out, cfg, info):
+    """A new run's config.json (format, config, info) and captions/ folder; returns the empty
+    metrics dict it will fill."""
+    (Path(out) / CAPTIONS_DIR).mkdir(exist_ok=True)
+    atomic_write_json(Path(out) / CONFIG, {"format": RUN_FORMAT,
+                                           "config": dataclasses.asdict(cfg), "info": info})
+    return {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
 
 
-def rewind_run_dir(out, meta, cfg):
-    """Undo what a stopped run wrote after its checkpoint: cut log.jsonl back to
-    meta["log_bytes"], drop later evaluations from metrics.json (which may not exist yet: the
-    run may have stopped before its first evaluation was written) and later caption files.
-    The last step's checkpoint comes before its evaluation, so that evaluation goes too.
-    Returns the kept metrics dict. Raises ValueError naming a file that is missing or shorter
-    than the checkpoint says (the run cannot continue exactly; --force starts over)."""
-    out, step = Path(out), meta["step"]
-    expected = eval_steps(step, cfg.steps, cfg.eval_every)
-    log_path, metrics_path = out / "log.jsonl", out / "metrics.json"
-    if not log_path.is_file() or log_path.stat().st_size < meta["log_bytes"]:
-        raise ValueError(f"{log_path}: missing or shorter than {CHECKPOINT} at step {step} "
-                         f"says; the run cannot continue exactly, pass --force to start over")
-    metrics = {"objective": cfg.objective, "seed": cfg.seed, "evals": []}
-    if metrics_path.is_file():
-        metrics = read_json(metrics_path, "minialign metrics.json")
-    evals = [e for e in metrics.get("evals", []) if e["step"] in expected]
-    if [e["step"] for e in evals] != expected:
-        raise ValueError(f"{metrics_path}: lacks the evaluations at steps {expected} that "
-                         f"{CHECKPOINT} at step {step} comes after; pass --force to start over")
-    with open(log_path, "r+b") as log:
-        log.truncate(meta["log_bytes"])
-    metrics["evals"] = evals
-    if metrics_path.is_file():
-        atomic_write_json(metrics_path, metrics)
-    for path in (out / CAPTIONS_DIR).glob("*.npz"):
+def open_log(out):
+    """log.jsonl opened for appending, in bytes (tell() is the length a checkpoint records)."""
+    return open(Path(out) / LOG, "ab")
+
+
+def read_metrics(run_dir):
+    """run_dir/metrics.json as a dict ({} if absent). Raises ValueError, one line starting
+    with the file, if it is empty, truncated or not a JSON object (files.read_json)."""
+    path = Path(run_dir) / METRICS
+    return read_json(path, METRICS_KIND) if path.exists() else {}
+
+
+def write_metrics(run_dir, metrics):
+    atomic_write_json(Path(run_dir) / METRICS, metrics)
+
+
+def update_metrics(run_dir, key, value):
+    """Set metrics.json[key] = value, keeping the rest. Raises ValueError naming metrics.json
+    (read_metrics) before writing anything."""
+    write_metrics(run_dir, {**read_metrics(run_dir), key: value})
+
+
+def is_diverged(run_dir):
+    return (Path(run_dir) / DIVERGED).exists()
+
+
+def is_finished(run_dir):
+    """Whether a run directory holds a finished (or diverged) run."""
+    return is_diverged(run_dir) or "final" in read_metrics(run_dir)
+
+
+def finished_run(out, cfg):
+    """A resumed run that has nothing left to do: its metrics, or Diverged again."""
+    if is_diverged(out):
+        record = read_json(Path(out) / DIVERGED, "minialign diverged.json")
+        raise Diverged(f"{Path(out) / DIVERGED}: this run diverged earlier "
+                       f"({record.get('error')}); not retried: lower --lr, or pass --force to "
+                       f"start it over")
+    print(f"[{cfg.objective}] {out}: already finished, skipped", flush=True)
+    return read_metrics(out)
+
+
+def record_divergence(out, step, lr, what):
+    """Write out/diverged.json {"step", "lr", "error"} and raise Diverged (one line: where,
+    what, what to do). what: e.g. "loss nan, gradient norm nan"."""
+    error = f"{what} at step {step}"
+    atomic_write_json(Path(out) / DIVERGED, {"step": step, "lr": lr, "error": error})
+    raise Diverged(f"{out}: diverged ({error}) at lr {lr:g}; recorded in {DIVERGED}. Lower --lr, "
+                   f"or pass --force to start over")
+
+
+def save_model(out, arrays):
+    """model.npz: the final weights and the tokenizer's arrays, {name: array}."""
+    atomic_savez(Path(out) / MODEL, arrays)
+
+
+def read_finished_config(run_dir):
+    """read_run_config of a finished run. Raises FileNotFoundError naming config.json or
+    model.npz when either is missing, ValueError for a malformed config.json."""
+    run_dir = Path(run_dir)
+    for name in (CONFIG, MODEL):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir / name}: no such file (is {run_dir} a finished run?)")
+    return read_run_config(run_dir)
+
+
+def read_model(run_dir):
+    """model.npz's arrays {name: array}. Raises ValueError naming it if unreadable."""
+    return load_npz(Path(run_dir) / MODEL, "model file (model.npz)")
+
+
+def save_caption_embeddings(out, split, step, slots, image_ids):
+    """captions/<split>_stepNNNNN.npz: for each slot s of slots {s: (photos (P_s,), z (P_s, D))},
+    slot{s}_image_ids (P_s,) int64 = image_ids[photos] and slot{s}_z (P_s, D) float16."""
+    arrays = {}
+    for s, (photos, z) in slots.items():
+        arrays[f"slot{s}_image_ids"] = image_ids[photos]
+        arrays[f"slot{s}_z"] = z.astype(np.float16)
+    atomic_savez(Path(out) / CAPTIONS_DIR / caption_file_name(split, step), arrays)
+
+
+def check_run_dir(run_dir):
+    """The run directory as a Path. Raises FileNotFoundError naming it if it does not exist,
+    ValueError naming it unless it holds config.json and a captions/ folder with at least
+    one val_step*.npz."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir}: no such run directory (check the path; "
+                                f"`python -m minialign train --out DIR` writes one)")
+    if not (run_dir / CONFIG).is_file() or not (run_dir / CAPTIONS_DIR).is_dir():
+        raise ValueError(f"{run_dir}: not a run directory (needs config.json and captions/, "
+                         f"as written by `python -m minialign train`)")
+    if not any((run_dir / CAPTIONS_DIR).glob("val_step*.npz")):
+        raise ValueError(f"{run_dir}: captions/ holds no val_step*.npz (no evaluation saved yet)")
+    return run_dir
+
+
+def caption_files(run_dir):
+    """{step: {split: path}} for every captions/<split>_stepNNNNN.npz, steps ascending."""
+    files = {}
+    for path in sorted(Path(run_dir, CAPTIONS_DIR).iterdir()):
         match = CAPTION_FILE.match(path.name)
-        if match and int(match.group(2)) > step:
-            path.unlink()
-    return metrics
+        if match:
+            files.setdefault(int(match.group(2)), {})[match.group(1)] = path
+    return dict(sorted(files.items()))
+
+
+def load_caption_slots(path):
+    """One saved caption file -> [(image_ids (P_s,) int64, z (P_s, D) float32) for s = 0, 1, ..].
+    Raises ValueError, one line starting with the file, if it is unreadable (empty, truncated,
+    not an .npz: files.load_npz), has fewer than 2 slots, or its arrays disagree (ranks, row
+    counts, widths, repeated ids)."""
+    arrays = load_npz(path, "saved caption embeddings file (.npz)")
+    slots = []
+    while f"slot{len(slots)}_z" in arrays and f"slot{len(slots)}_image_ids" in arrays:
+        s = len(slots)
+        ids, z = arrays[f"slot{s}_image_ids"], arrays[f"slot{s}_z"]
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or z.ndim != 2 or len(ids) != len(z):
+            raise ValueError(f"{path}: slot {s} has image_ids {ids.shape} {ids.dtype} and "
+                             f"z {z.shape}; expected (P,) integer and (P, D)")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"{path}: slot {s} repeats an image id")
+        slots.append((ids.astype(np.int64), z.astype(np.float32)))       # (P_s,), (P_s, D)
+    if len(slots) < 2 or len({z.shape[1] for _, z in slots}) != 1:
+        raise ValueError(f"{path}: expected slot0_z, slot1_z, ... of one width, "
+                         f"has {sorted(arrays)}")
+    return slots

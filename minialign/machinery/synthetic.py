@@ -246,16 +246,3 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     # the real format's writer: atomic, fixed zip timestamps (same seed -> same bytes)
     save_embeddings(paths[1], world["image_ids"], world["embeddings"], meta, force=force)
     return paths
-
-
-def add_synthetic_args(parser):
-    """Options of `python -m minialign synthetic`."""
-    parser.add_argument("--out", required=True, help="directory for the two SYNTHETIC files")
-    parser.add_argument("--n-scenes", type=int, default=2000, help="scenes (photos) to write")
-    parser.add_argument("--seed", type=int, default=0, help="scene and caption seed")
-    parser.add_argument("--force", action="store_true", help="overwrite existing files")
-
-
-def run_synthetic(args):
-    for path in write_world(args.out, args.n_scenes, args.seed, args.force):
-        print(f"wrote {path} (SYNTHETIC minialign world, not COCO)")

@@ -1,0 +1,263 @@
+"""The command line, in one place: python -m minialign {data,train,bench,synthetic,evaluate,
+replicate,report,export} --help.
+
+Each sub-command is an add_*_args function (its options) and a run_* function (what it does
+with them). The training flags are declared once, in flags.TRAIN_FLAGS (from the config
+dataclasses); a command lists the fields it exposes, and flags.config_from_args builds its
+TrainConfig. Every error is one line, `minialign COMMAND: error: ...`, exit code 2.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from ..objectives import OBJECTIVES
+from ..train import TrainConfig, train
+from . import bench, coco, evaluate, export, replicate, report, synthetic
+from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
+                    positive_float, positive_int)
+from .protocol import LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS, Protocol
+from .rundir import Diverged
+
+EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
+RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest continues
+    "train": "rerun the same command with --resume to continue from the last checkpoint",
+    "data": "rerun the same command: finished steps are skipped",
+    "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
+                 "continues from its last checkpoint",
+}
+# Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
+TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
+                "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
+                "eval_every", "split_seed", "d_model", "n_layers", "n_heads", "mlp_ratio",
+                "max_len")
+REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
+                    "n_layers", "n_heads", "mlp_ratio", "max_len")
+BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when X says something (not None/False)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if "default" in help or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
+            return help
+        return help + " (default: %(default)s)"
+
+
+# ---------------------------------------------------------------- the commands
+def add_train_args(p):
+    p.add_argument("--objective", required=True, choices=sorted(OBJECTIVES),
+                   help="training objective")
+    p.add_argument("--captions", required=True, help="COCO captions JSON (COCO's own format)")
+    p.add_argument("--out", required=True, help="run directory to create (must be new or empty)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue --out from whatever stage stopped (skip it if finished; "
+                        "start it if --out does not exist yet)")
+    add_config_flags(p, TRAIN_FIELDS, TrainConfig())
+
+
+def run_train(args):
+    """Build the config (ValueError for fields that disagree, before --out is touched), train."""
+    cfg = config_from_args(args, TrainConfig(), objective=args.objective, captions=args.captions)
+    train(cfg, args.out, force=args.force, resume=args.resume)
+
+
+def add_replicate_args(p):
+    p.add_argument("--captions", required=True, help="COCO captions JSON")
+    p.add_argument("--embeddings", default=evaluate.DEFAULT_EMBEDDINGS,
+                   help="frozen DINOv2 image embeddings .npz (made by `python -m minialign export`)")
+    p.add_argument("--image-eval", choices=("on", "off"), default="on",
+                   help="off: train text-only when the embeddings do not exist yet")
+    p.add_argument("--out", required=True, help="results directory, e.g. results/coco")
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVE_ORDER), action=UniqueList,
+                   choices=sorted(OBJECTIVES), help="objectives, in table order, each once")
+    p.add_argument("--seeds", nargs="+", type=nonnegative_int, default=list(SEEDS),
+                   action=UniqueList, help="seeds of the seed grid, each once, >= 0; the first "
+                   "one also runs the lr search")
+    add_config_flags(p, REPLICATE_FIELDS, TrainConfig())
+    p.add_argument("--lr-search", choices=("on", "off"), default="on",
+                   help="the per-objective lr search on the first seed")
+    p.add_argument("--lr-min", type=positive_float, default=LR_MIN,
+                   help="search grid's lowest lr, > 0")
+    p.add_argument("--lr-max", type=positive_float, default=LR_MAX,
+                   help="search grid's highest lr, > --lr-min")
+    p.add_argument("--lr-per-decade", type=positive_int, default=LR_PER_DECADE,
+                   help="search grid points per factor of 10, >= 1")
+    p.add_argument("--max-extensions", type=nonnegative_int, default=MAX_EXTENSIONS,
+                   help="grid points the search may add beyond an edge, >= 0")
+
+
+def protocol_from_args(args):
+    """The Protocol of parsed add_replicate_args options. Raises ValueError for values that
+    disagree with each other (d_model % n_heads, --lr-max <= --lr-min with the search on)."""
+    base = config_from_args(args, TrainConfig(), captions=args.captions)
+    if args.lr_search == "on" and args.lr_max <= args.lr_min:
+        raise ValueError(f"--lr-max {args.lr_max:g} must be greater than --lr-min "
+                         f"{args.lr_min:g} (or pass --lr-search off)")
+    return Protocol(base=base, objectives=args.objectives, seeds=args.seeds,
+                    lr_min=args.lr_min, lr_max=args.lr_max,
+                    lr_per_decade=args.lr_per_decade if args.lr_search == "on" else 0,
+                    max_extensions=args.max_extensions)
+
+
+def run_replicate(args):
+    return replicate.run_replicate(protocol_from_args(args), args)
+
+
+def add_bench_args(p):
+    p.add_argument("--captions", default=str(bench.DEFAULT_CAPTIONS), help="COCO captions JSON")
+    p.add_argument("--timed-steps", type=positive_int, default=bench.TIMED_STEPS,
+                   help="timed steps per objective, >= 1")
+    p.add_argument("--steps", type=positive_int, dest="timed_steps", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=nonnegative_int, default=bench.WARMUP_STEPS,
+                   help="untimed steps first, >= 0")
+    p.add_argument("--fixed-length", type=nonnegative_int, default=0, metavar="T",
+                   help=f"time {bench.FIXED_CAPTIONS} captions of exactly T random word ids "
+                   f"(no padding, T <= --max-len) instead of COCO batches; 0: COCO batches")
+    p.add_argument("--json", action="store_true", help="one JSON object per objective")
+    p.add_argument("--unset-openblas-env", action="store_true",
+                   help="run the children without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
+    p.add_argument("--only", choices=sorted(OBJECTIVES),
+                   help="benchmark one objective in this process (what each child runs)")
+    add_config_flags(p, BENCH_FIELDS, TrainConfig())
+    p.add_argument("--gemm-rows", type=positive_int, default=bench.GEMM_ROWS,
+                   help="rows of the peak GEMMs, >= 1")
+    p.add_argument("--gemm-square", type=positive_int, default=bench.GEMM_SQUARE,
+                   help="size of the square peak GEMM, >= 1")
+
+
+def run_bench(args):
+    cfg = config_from_args(args, TrainConfig(), captions=args.captions)  # before any child
+    return bench.run_bench(args, cfg)
+
+
+def add_evaluate_args(p):
+    p.add_argument("--run", action="append", required=True, metavar="DIR",
+                   help="run directory written by `train`; repeat for several runs")
+    p.add_argument("--embeddings", default=None, metavar="PATH",
+                   help=f"frozen image embeddings .npz, e.g. {evaluate.DEFAULT_EMBEDDINGS}; if "
+                        "omitted, only text-side metrics are printed; if given, it must exist")
+    p.add_argument("--json", action="store_true",
+                   help="print a machine-readable JSON summary instead of the table")
+
+
+def run_evaluate(args):
+    return evaluate.evaluate_runs(args.run, args.embeddings, args.json)
+
+
+def add_report_args(p):
+    p.add_argument("results_dir", help="a directory written by `python -m minialign replicate`")
+
+
+def run_report(args):
+    return report.run_report(Path(args.results_dir))
+
+
+def add_synthetic_args(p):
+    p.add_argument("--out", required=True, help="directory for the two SYNTHETIC files")
+    p.add_argument("--n-scenes", type=int, default=2000, help="scenes (photos) to write")
+    p.add_argument("--seed", type=int, default=0, help="scene and caption seed")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+
+
+def run_synthetic(args):
+    for path in synthetic.write_world(args.out, args.n_scenes, args.seed, args.force):
+        print(f"wrote {path} (SYNTHETIC minialign world, not COCO)")
+
+
+def add_data_args(p):
+    p.add_argument("--root", type=Path, default=Path("coco"), help="folder for everything COCO")
+    p.add_argument("--num-photos", type=positive_int, default=10000,
+                   help="photos in the subset, >= 1")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the subset, >= 0")
+    p.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
+                   help="download the subset's photos into ROOT/train2017 (needed once by "
+                        "`make embeddings`)")
+    p.add_argument("--workers", type=positive_int, default=8, help="parallel photo downloads")
+    p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL,
+                   help="where annotations_trainval2017.zip is downloaded from")
+    p.add_argument("--force", action="store_true",
+                   help="replace a subset file that was made with other settings")
+
+
+def run_data(args):
+    coco.run_data(args.root, args.num_photos, args.seed, args.images, args.workers,
+                  args.annotations_url, args.force)
+
+
+def add_export_args(p):
+    p.add_argument("--captions", type=Path, required=True,
+                   help="COCO captions JSON, e.g. annotations/captions_val2017.json")
+    p.add_argument("--images", type=Path, required=True,
+                   help="folder of that split's images, e.g. val2017/")
+    p.add_argument("--model", default=export.DEFAULT_MODEL,
+                   help="Hugging Face DINOv2 name or local folder")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output .npz, e.g. embeddings/coco_val2017_dinov2-base.npz")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="images per forward pass, >= 1")
+    p.add_argument("--device", default="cpu",
+                   help="torch device: cpu, cuda (needs a CUDA build of torch), mps")
+    p.add_argument("--num-photos", type=positive_int, default=None,
+                   help="embed a seeded random subset of this many captioned photos")
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seed of the --num-photos subset, >= 0")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    return p
+
+
+def run_export(args):
+    return export.run_export(args.captions, args.images, args.out, model_name=args.model,
+                             batch_size=args.batch_size, device=args.device,
+                             num_photos=args.num_photos, seed=args.seed, force=args.force)
+
+
+COMMANDS = {  # name: (help, add_args, run), in --help's order
+    "data": ("one-time: COCO 2017 captions, the replication's 10,000-photo subset and its "
+             "photos", add_data_args, run_data),
+    "train": ("train a text encoder with one objective on COCO captions", add_train_args,
+              run_train),
+    "bench": ("time training steps of each objective against numpy's GEMM peak",
+              add_bench_args, run_bench),
+    "synthetic": ("write a small SYNTHETIC world (COCO-format captions + embeddings .npz)",
+                  add_synthetic_args, run_synthetic),
+    "evaluate": ("score saved runs: text-side metrics, and image alignment given --embeddings",
+                 add_evaluate_args, run_evaluate),
+    "replicate": ("the replication grid: objectives x seeds, lr search, results table",
+                  add_replicate_args, run_replicate),
+    "report": ("rebuild results.md and the figures from saved runs", add_report_args,
+               run_report),
+    "export": ("one-time: COCO images -> frozen DINOv2 embeddings (.npz); needs the [export] "
+               "extra", add_export_args, run_export),
+}
+
+
+def parser():
+    top = argparse.ArgumentParser(
+        prog="python -m minialign",
+        description="Good views vs next-token prediction for text-image alignment, in NumPy.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help, add_args, _) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=help, description=help,
+                                formatter_class=DefaultsFormatter))
+    return top
+
+
+def main(argv=None):
+    """Parse, run the command; returns the exit code (0, 2 bad input, 3 diverged, 130 Ctrl-C)."""
+    args = parser().parse_args(argv)
+    try:
+        COMMANDS[args.command][2](args)
+    except Diverged as e:                            # the run's own outcome, recorded on disk
+        print(f"minialign {args.command}: diverged: {e}", file=sys.stderr)
+        return EXIT_DIVERGED
+    except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
+        print(f"minialign {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"minialign {args.command}: interrupted; {RESUME_HINT.get(args.command, '')}"
+              .rstrip("; "), file=sys.stderr)
+        return 130
+    return 0

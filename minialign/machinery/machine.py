@@ -1,0 +1,30 @@
+"""The machine a number was measured on: numpy, its BLAS, threads, CPU, Python. One
+description, written into a replicate directory's environment.json (report prints it) and
+printed by bench above its table."""
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")   # OpenBLAS's kernel choice
+
+
+def describe(env=None):
+    """{"numpy", "blas": "name version", "cpus", "cpu", "python", "platform", "thread_env":
+    the THREAD_ENV variables set, "blas_threads": OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS,
+    else all cores, and the OPENBLAS_ENV settings, lower-case, None when unset}, for a process
+    with environment `env` (default: this one's)."""
+    env = os.environ if env is None else env
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    threads = env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS") or os.cpu_count()
+    return {"numpy": np.__version__, "blas": f"{blas.get('name')} {blas.get('version')}",
+            "cpus": os.cpu_count(), "thread_env": {k: env[k] for k in THREAD_ENV if k in env},
+            "cpu": cpu, "python": platform.python_version(), "platform": platform.platform(),
+            "blas_threads": int(threads), **{k.lower(): env.get(k) for k in OPENBLAS_ENV}}

@@ -1,0 +1,148 @@
+"""The replication's protocol, written and read by `replicate` and `report` alike: the grid
+(objectives x seeds at one shared lr), the run names, protocol.json, and the learning-rate
+search replayed over the runs that exist (a pure function of their scores).
+"""
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..train import TrainConfig
+from .files import atomic_write_json, read_json
+from .rundir import is_diverged, read_metrics, upgrade_config
+
+OBJECTIVE_ORDER = ("good_views", "bad_views", "next_token")  # the replication's table order
+SEEDS = (0, 1, 2)
+LR_MIN, LR_MAX, LR_PER_DECADE = 1e-4, 1e-2, 2   # search grid 1e-4, 3.16e-4, ..., 1e-2
+MAX_EXTENSIONS = 2                               # grid points added beyond an edge, at most
+LR_DIGITS = 3                                    # significant digits of a grid lr
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """The grid. `base` is every run's TrainConfig except objective, seed and lr; base.lr is
+    the shared lr of the seed grid. lr_per_decade = 0 turns the search off."""
+    base: TrainConfig
+    objectives: tuple = OBJECTIVE_ORDER
+    seeds: tuple = SEEDS
+    lr_min: float = LR_MIN
+    lr_max: float = LR_MAX
+    lr_per_decade: int = LR_PER_DECADE
+    max_extensions: int = MAX_EXTENSIONS
+
+    def __post_init__(self):
+        if isinstance(self.base, dict):
+            object.__setattr__(self, "base",
+                               TrainConfig(**upgrade_config(self.base)))
+        object.__setattr__(self, "objectives", tuple(self.objectives))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        if self.lr_per_decade and grid_points(self) < 2:
+            raise ValueError(f"the lr search needs lr_max > lr_min, got {self.lr_min} and "
+                             f"{self.lr_max}")
+
+
+def grid_points(protocol):
+    """Number of points of the initial lr grid: lr_min .. lr_max, lr_per_decade per decade."""
+    return round(math.log10(protocol.lr_max / protocol.lr_min) * protocol.lr_per_decade) + 1
+
+
+def grid_lr(protocol, k):
+    """The k-th lr of the search grid, k = 0 .. grid_points - 1, or beyond for an extension:
+    lr_min * 10^(k / lr_per_decade), rounded to LR_DIGITS significant digits (1e-3, 3.16e-3).
+    Computed from the integer k, so repeated extensions never drift."""
+    return float(f"{protocol.lr_min * 10 ** (k / protocol.lr_per_decade):.{LR_DIGITS}g}")
+
+
+def run_config(protocol, objective, seed, lr=None):
+    """The TrainConfig of one run (lr None: the seed grid's shared lr)."""
+    return dataclasses.replace(protocol.base, objective=objective, seed=seed,
+                               lr=protocol.base.lr if lr is None else lr)
+
+
+def run_name(cfg):
+    """Run directory name, e.g. good_views-lr1.00e-03-seed0."""
+    return f"{cfg.objective}-lr{cfg.lr:.2e}-seed{cfg.seed}"
+
+
+def load_protocol(out):
+    """The Protocol saved in out/protocol.json. Raises FileNotFoundError / ValueError, one
+    line starting with the file: missing, empty, truncated, not a JSON object, or not a
+    protocol of this minialign."""
+    path = Path(out) / "protocol.json"
+    saved = read_json(path, "replicate protocol (protocol.json)")
+    try:
+        return Protocol(**saved)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: not a protocol of this minialign ({err})") from None
+
+
+def holds_runs(out):
+    """Whether out/runs/ holds a run directory that has started (written its config.json)."""
+    return any(Path(out).glob("runs/*/config.json"))
+
+
+def save_protocol(out, protocol):
+    """Write out/protocol.json; if one exists and runs were made under it, it must describe
+    the same protocol (an `out` that holds no run may take another protocol)."""
+    path, saved = Path(out) / "protocol.json", dataclasses.asdict(protocol)
+    if path.exists() and holds_runs(out):
+        old = read_json(path, "replicate protocol (protocol.json)")
+        if isinstance(old.get("base"), dict):            # a protocol saved before #10
+            old = {**old, "base": upgrade_config(old["base"])}
+        if old != json.loads(json.dumps(saved)):
+            diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
+            raise ValueError(f"{out}: holds results of another protocol (differs in "
+                             f"{', '.join(diff)}); choose another output directory")
+    atomic_write_json(path, saved)
+
+
+# ---------------------------------------------------------------- the lr search
+def extend_side(scores, extensions, max_extensions=MAX_EXTENSIONS):
+    """One decision of the search. scores: val metric at each grid lr, lrs ascending, higher is
+    better (ties go to the lower lr); extensions: points already added beyond the grid.
+    Returns "low" or "high" when the best score sits on that edge and fewer than
+    max_extensions points were added, else None (the best is interior, or the budget is spent)."""
+    best = int(np.argmax(scores))
+    if extensions >= max_extensions or 0 < best < len(scores) - 1:
+        return None
+    return "low" if best == 0 else "high"
+
+
+def lr_search(protocol, score_of):
+    """Replay the search of one objective over the runs that exist. score_of(lr) -> the
+    selection score of that lr's run, or None if it has not finished.
+    Returns {"lrs": ascending, "scores", "todo": the lr to run next or None when the search is
+    complete, "chosen": best lr, "interior": whether it is not on the edge of the lrs run}."""
+    n = grid_points(protocol)
+    ks = list(range(n))
+    while True:
+        lrs = [grid_lr(protocol, k) for k in ks]
+        scores = [score_of(lr) for lr in lrs]
+        missing = [lr for lr, s in zip(lrs, scores) if s is None]
+        if missing:
+            return {"lrs": lrs, "scores": scores, "todo": missing[0], "chosen": None,
+                    "interior": False}
+        side = extend_side(scores, len(ks) - n, protocol.max_extensions)
+        if side is None:
+            best = int(np.argmax(scores))
+            return {"lrs": lrs, "scores": scores, "todo": None, "chosen": lrs[best],
+                    "interior": 0 < best < len(lrs) - 1}
+        ks = [ks[0] - 1] + ks if side == "low" else ks + [ks[-1] + 1]
+
+
+def selection_score(run_dir, metric):
+    """The search's score of a run: its final val `metric` ("mutual_knn": mean over caption
+    slots, from metrics.json["image_alignment"]; "paraphrase_R@1": from metrics.json["final"]).
+    -inf for a diverged run; None if the run has not finished or lacks that metric."""
+    run_dir = Path(run_dir)
+    if is_diverged(run_dir):
+        return -math.inf
+    metrics = read_metrics(run_dir)
+    if "final" not in metrics:
+        return None
+    if metric == "paraphrase_R@1":
+        return metrics["final"]["val"]["paraphrase_R@1"]
+    steps = metrics.get("image_alignment", {}).get("steps", [])
+    return steps[-1]["val"]["mutual_knn"]["mean"] if steps else None
