@@ -1,11 +1,8 @@
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/gradcheck.py
-
-SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"
+SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"  # beside the checkout
 REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"
 
 

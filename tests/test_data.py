@@ -1,14 +1,14 @@
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REAL_CAPTIONS
 
 from minialign.data import (SPLIT_SEED, Captions, clean_caption, eval_tokens,
                             load_coco_captions, sample_batch, split_photos, tokenize_photos)
 from minialign.tokenizer import EOS, MAX_LEN, PAD, build_tokenizer, encode_all, split_words
 
-COCO_VAL = Path(__file__).resolve().parents[1].parent / "shared" / "coco" / "captions_val2017.json"
+COCO_VAL = REAL_CAPTIONS
 TEST_FIRST_IDS = [139, 632, 785]    # smallest COCO ids in the val2017 test split (SPLIT_SEED)
 VAL_FIRST_IDS = [724, 1000, 1296]   # smallest COCO ids in the val2017 val split
 

@@ -1,0 +1,143 @@
+"""Imports point one way: down. Each module of minialign may import only modules of a LOWER
+level in LEVELS, so no import circle can form (the replicate <-> report circle of #10 would
+fail here), and the core never reaches up into the machinery that runs it.
+
+Two core modules import from machinery/, and are allowed to because those modules sit low:
+model imports machinery.fast_layers (the packed attention path, which imports only layers),
+and train imports machinery.rundir, machinery.checkpoint and machinery.files (training
+writes a run directory; they import only numpy, files and each other).
+
+Parsed, not executed: every `import minialign.x`, `from minialign.x import y`, `from . import
+x`, `from .x import y` and `from ..x import y` anywhere in a file, function bodies included.
+"""
+import ast
+from pathlib import Path
+
+import minialign
+
+PKG = Path(minialign.__file__).parent
+LEVELS = {  # module: level; a module imports only modules of a lower level
+    "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
+    "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.machine": 0,
+    "data": 1, "machinery.fast_layers": 1, "machinery.rundir": 1, "machinery.embeddings": 1,
+    "machinery.figures": 1,
+    "model": 2, "machinery.checkpoint": 2, "machinery.download": 2,
+    "objectives": 3,
+    "train": 4,
+    "machinery.encoder": 5, "machinery.protocol": 5, "machinery.evaluate": 5,
+    "machinery.synthetic": 5, "machinery.coco": 5, "machinery.export": 5, "machinery.bench": 5,
+    "machinery.report": 6,
+    "machinery.replicate": 7,
+    "machinery.cli": 8,
+    "__main__": 9,
+}
+# imports inside a function, each for a reason other than dodging a circle
+LAZY_IMPORTS = {
+    ("machinery.export", "torch"), ("machinery.export", "transformers"),  # optional extra
+    ("machinery.coco", "machinery.download"),   # only `data` needs the network code
+}
+IMAGE_SIDE = {"machinery.embeddings", "machinery.evaluate", "machinery.export",
+              "machinery.coco", "machinery.download"}
+
+
+def module_name(path):
+    parts = list(path.relative_to(PKG).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts) or "minialign"
+
+
+def package_of(module):
+    """The package a module's relative imports start from, as a list of names."""
+    if module == "minialign" or "." not in module and module != "machinery":
+        return ["minialign"]
+    return ["minialign", "machinery"]
+
+
+def known(name):
+    """A dotted minialign name -> its module in LEVELS (a name inside a module -> the module)."""
+    inner = ".".join(name.split(".")[1:]) or "minialign"
+    while inner not in LEVELS and "." in inner:
+        inner = inner.rsplit(".", 1)[0]
+    return inner if inner in LEVELS else None
+
+
+def resolve(module, node):
+    """The minialign modules (LEVELS' names) and other top-level packages an import names."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        if node.level == 0:
+            head = node.module
+        else:
+            base = package_of(module)[:len(package_of(module)) - node.level + 1]
+            head = ".".join(base + ([node.module] if node.module else []))
+        # `from pkg import mod` imports mod; `from mod import name` imports mod
+        subs = [f"{head}.{alias.name}" for alias in node.names]
+        names = [n for n in subs if known(n) == ".".join(n.split(".")[1:])] or [head]
+    ours, others = set(), set()
+    for name in names:
+        if name.split(".")[0] != "minialign":
+            others.add(name.split(".")[0])
+        elif known(name) not in (None, module):
+            ours.add(known(name))
+    return ours, others
+
+
+def import_graph():
+    """{module: ({minialign modules}, {other packages}, {names imported inside functions})}."""
+    graph = {}
+    for path in sorted(PKG.rglob("*.py")):
+        module = module_name(path)
+        tree = ast.parse(path.read_text())
+        ours, others, lazy = set(), set(), set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        lazy |= set.union(*resolve(module, inner))
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                o, t = resolve(module, node)
+                ours |= o
+                others |= t
+        graph[module] = (ours, others, lazy)
+    return graph
+
+
+def test_every_module_has_a_level():
+    assert set(import_graph()) == set(LEVELS)
+
+
+def test_imports_point_down():
+    wrong = [f"{m} (level {LEVELS[m]}) imports {d} (level {LEVELS[d]})"
+             for m, (ours, _, _) in import_graph().items() for d in sorted(ours)
+             if LEVELS[d] >= LEVELS[m]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle():
+    graph = {m: ours for m, (ours, _, _) in import_graph().items()}
+
+    def reaches(start, target, seen):
+        return any(d == target or (d not in seen and not seen.add(d) and reaches(d, target, seen))
+                   for d in graph[start])
+    circles = sorted(m for m in graph if reaches(m, m, set()))
+    assert not circles, f"modules on an import circle: {circles}"
+
+
+def test_no_imports_inside_functions_but_the_listed_ones():
+    found = {(m, name) for m, (_, _, lazy) in import_graph().items() for name in lazy}
+    assert found <= LAZY_IMPORTS, sorted(found - LAZY_IMPORTS)
+
+
+def test_training_never_imports_the_image_side():
+    graph = import_graph()
+    seen, todo = set(), ["minialign", "train"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += sorted(graph[module][0])
+    assert {"data", "model", "objectives", "machinery.rundir"} <= seen   # the walk follows imports
+    assert not seen & IMAGE_SIDE, f"train reaches {sorted(seen & IMAGE_SIDE)}"
+    assert not set.union(*(graph[m][1] for m in seen)) & {"torch", "transformers", "PIL"}
