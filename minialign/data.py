@@ -4,13 +4,13 @@ A "good views" pair is two different human captions of the same photo, so everyt
 is organised by photo: photos are split (never captions), and a batch draws B distinct photos
 and two distinct captions of each.
 """
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from minialign.tokenizer import MAX_LEN, PAD, Tokenizer, clean_caption, encode_all, has_word
+from .machinery.files import read_coco_json
+from .tokenizer import MAX_LEN, PAD, Tokenizer, clean_caption, encode_all, has_word
 
 SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
 MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
@@ -28,39 +28,6 @@ class Captions:
     stats: dict                             # counts of what was read, dropped and kept (ints)
 
 
-def _read_coco_json(path: Path) -> dict:
-    """Parse the file and check its top level; errors name the file."""
-    if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory; expected the COCO captions JSON file "
-                                "inside it (e.g. captions_val2017.json)")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON file ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
-        raise ValueError(f"{path}: not COCO captions format (no 'annotations' list at the top)")
-    if not isinstance(data.get("images", []), list):
-        raise ValueError(f"{path}: not COCO captions format ('images' is not a list)")
-    return data
-
-
-def _check_annotation(path: Path, i: int, ann) -> None:
-    """One annotation must be {"image_id": int, "id": int, "caption": str, ...}."""
-    if not isinstance(ann, dict):
-        raise ValueError(f"{path}: not COCO captions format (annotation {i} is not an object)")
-    for key in ("image_id", "id", "caption"):
-        if key not in ann:
-            raise ValueError(f"{path}: not COCO captions format (annotation {i} has no '{key}')")
-    for key in ("image_id", "id"):
-        if not isinstance(ann[key], int) or isinstance(ann[key], bool):
-            raise ValueError(f"{path}: annotation {i} has a non-integer '{key}': {ann[key]!r}")
-    if not isinstance(ann["caption"], str):
-        raise ValueError(f"{path}: annotation {i} (id {ann['id']}) caption is not a string: "
-                         f"{ann['caption']!r}")
-
-
 def load_coco_captions(path) -> Captions:
     """Read a COCO captions JSON (e.g. captions_val2017.json) into per-photo clean captions.
     Captions are read in annotation-id order and cleaned (tokenizer.clean_caption: NFC,
@@ -70,10 +37,8 @@ def load_coco_captions(path) -> Captions:
     Raises FileNotFoundError (missing file) or ValueError (not JSON, not COCO format, or no
     photo with two distinct captions), each message starting with the path."""
     path = Path(path)
-    data = _read_coco_json(path)
+    data = read_coco_json(path)                 # checked: one-line errors naming the file
     annotations = data["annotations"]
-    for i, ann in enumerate(annotations):
-        _check_annotation(path, i, ann)
 
     by_photo: dict[int, list[str]] = {}
     n_empty = n_wordless = n_duplicate = 0

@@ -30,7 +30,6 @@ MAX_LEN = 64  # tokens per caption including BOS and EOS; the longest val2017 ca
 # "_" as a letter; COCO captions have none, so we keep the simpler pattern.
 WORD_RE = re.compile(r"[\w']+|[^\w\s]")
 
-VOCAB_KEY = "tokenizer.vocab"  # array name inside the checkpoint .npz
 
 # Typographic apostrophes and quotes -> ASCII, so "dog’s" and "dog's" are one word.
 # U+2019 right single quote (the usual curly apostrophe), U+2018 left single quote,
@@ -152,21 +151,3 @@ def pad_batch(seqs: list[np.ndarray]) -> np.ndarray:
     for row, s in enumerate(seqs):
         tokens[row, :len(s)] = s
     return tokens
-
-
-def tokenizer_to_arrays(tok: Tokenizer) -> dict[str, np.ndarray]:
-    """{"tokenizer.vocab": (V,) unicode array} to pass to np.savez with the weights."""
-    return {VOCAB_KEY: np.array(tok.vocab, dtype=str)}
-
-
-def tokenizer_from_arrays(arrays) -> Tokenizer:
-    """Inverse of tokenizer_to_arrays; arrays is a dict or the NpzFile from np.load
-    (allow_pickle=False works). Raises ValueError if the entry is missing, is not a 1-D
-    unicode array, or does not start with SPECIALS at their ids."""
-    if VOCAB_KEY not in arrays:
-        raise ValueError(f"no {VOCAB_KEY!r} array among {sorted(arrays)}")
-    vocab = np.asarray(arrays[VOCAB_KEY])
-    if vocab.ndim != 1 or vocab.dtype.kind != "U":
-        raise ValueError(f"{VOCAB_KEY} must be a 1-D unicode array, got shape {vocab.shape} "
-                         f"dtype {vocab.dtype}")
-    return Tokenizer(vocab=tuple(str(w) for w in vocab))

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from .machinery.checkpoint import open_run, resume_run, run_state, save_checkpoint
 from .machinery.files import append_line
+from .machinery.progress import print_done, print_progress, print_start, warn_if_collapsed
 from .machinery.rundir import (finished_run, open_log, record_divergence,
                                save_caption_embeddings, save_model, start_run, write_metrics)
 from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
@@ -27,7 +28,7 @@ from .metrics import text_metrics
 from .model import ModelConfig, encode, init_params, param_count
 from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
-from .tokenizer import build_tokenizer, tokenizer_to_arrays
+from .tokenizer import build_tokenizer
 
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
@@ -203,10 +204,7 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     else:
         metrics = start_run(out, cfg, info)
         first_step, seconds_before = 0, 0.0
-    print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
-          f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
-          f"{info['photos']}, {info['captions_truncated']} captions truncated to "
-          f"{cfg.model.max_len} tokens", flush=True)
+    print_start(cfg, info)
 
     use_bar = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=cfg.steps, initial=first_step, desc=cfg.objective, disable=not use_bar,
@@ -253,15 +251,6 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     return finish(params, cfg, data, out, metrics, t_start)
 
 
-def print_progress(cfg, step, first_step, loss, lr, elapsed):
-    """The plain progress line (no terminal): step, loss, lr, ms per step, time left.
-    elapsed: seconds since this process began at first_step."""
-    done = step + 1 - first_step
-    eta = elapsed / done * (cfg.steps - step - 1)
-    print(f"[{cfg.objective}] step {step + 1}/{cfg.steps} loss {loss:.4f} lr {lr:.2e} "
-          f"{1000 * elapsed / done:.0f} ms/step eta {eta / 60:.1f} min", flush=True)
-
-
 def evaluate(params, cfg, data, out, step, splits):
     """Embed the captions of `splits` (of "val", "test", "train") with the current params, save
     them (captions/<split>_stepNNNNN.npz) and return {"step", split: text_metrics} for val and
@@ -284,24 +273,13 @@ def evaluate(params, cfg, data, out, step, splits):
 def finish(params, cfg, data, out, metrics, t_start):
     """After the last step: model.npz, the final evaluation of every split, a warning for
     collapsed embeddings, metrics.json with "final". Returns the metrics dict."""
-    save_model(out, {**params, **tokenizer_to_arrays(data["tokenizer"])})
+    save_model(out, params, data["tokenizer"])
     final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
     metrics["evals"].append(final)
     write_metrics(out, metrics)
-    # collapse is silent in the losses and effective rank: name it (metrics.collapse_stats)
-    warnings = [f"[{cfg.objective}] {out}: {split} caption embeddings collapsed: per-dimension "
-                f"std {final[split]['std']:.2g} < threshold "
-                f"{final[split]['collapse_std_threshold']:.2g} (metrics.COLLAPSE_STD_FRACTION / "
-                f"sqrt(D)); its retrieval and alignment numbers mean little"
-                for split in ("val", "test") if final[split]["collapsed"]]
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    warnings = warn_if_collapsed(cfg, out, final)    # collapse is silent in the losses
     metrics.update(final=final, warnings=warnings, wall_seconds=time.perf_counter() - t_start,
                    ms_per_step=1000 * (time.perf_counter() - t_start) / max(1, cfg.steps))
     write_metrics(out, metrics)
-    print(f"[{cfg.objective}] done: val paraphrase R@1 {final['val']['paraphrase_R@1']:.3f}, "
-          f"test {final['test']['paraphrase_R@1']:.3f} (chance {final['test']['chance']:.4f}); "
-          f"test effective rank {final['test']['effective_rank']:.1f}, per-dim std "
-          f"{final['test']['std']:.3g} (collapse below "
-          f"{final['test']['collapse_std_threshold']:.3g})", flush=True)
+    print_done(cfg, final)
     return metrics

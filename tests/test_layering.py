@@ -2,10 +2,11 @@
 level in LEVELS, so no import circle can form (the replicate <-> report circle of #10 would
 fail here), and the core never reaches up into the machinery that runs it.
 
-Two core modules import from machinery/, and are allowed to because those modules sit low:
-model imports machinery.fast_layers (the packed attention path, which imports only layers),
-and train imports machinery.rundir, machinery.checkpoint and machinery.files (training
-writes a run directory; they import only numpy, files and each other).
+Three core modules import from machinery/, and may because those modules sit low: model
+imports machinery.fast_layers (the packed attention path; it imports only layers); data
+imports machinery.files (the COCO JSON reader; numpy only); train imports machinery.rundir,
+machinery.checkpoint, machinery.files and machinery.progress (training writes a run directory
+and prints its progress; they import only numpy, the tokenizer and each other).
 
 Parsed, not executed: every `import minialign.x`, `from minialign.x import y`, `from . import
 x`, `from .x import y` and `from ..x import y` anywhere in a file, function bodies included.
@@ -19,6 +20,7 @@ PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
     "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.machine": 0,
+    "machinery.progress": 0,
     "data": 1, "machinery.fast_layers": 1, "machinery.rundir": 1, "machinery.embeddings": 1,
     "machinery.figures": 1,
     "model": 2, "machinery.checkpoint": 2, "machinery.download": 2,

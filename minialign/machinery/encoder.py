@@ -6,9 +6,9 @@
 from pathlib import Path
 
 from ..objectives import CAUSAL
-from ..tokenizer import VOCAB_KEY, pad_batch, tokenizer_from_arrays
+from ..tokenizer import pad_batch
 from ..train import TrainConfig, embed
-from .rundir import CONFIG, MODEL, read_finished_config, read_model
+from .rundir import CONFIG, read_finished_config, read_model
 
 
 def load_model(run_dir):
@@ -19,12 +19,8 @@ def load_model(run_dir):
         cfg = TrainConfig(**config)
     except TypeError as err:                     # a field this version does not know
         raise ValueError(f"{Path(run_dir) / CONFIG}: not a config of this minialign ({err})") from None
-    arrays = read_model(run_dir)
-    try:
-        tok = tokenizer_from_arrays(arrays)
-    except (KeyError, ValueError) as err:
-        raise ValueError(f"{Path(run_dir) / MODEL}: no valid tokenizer ({err})") from None
-    return {k: v for k, v in arrays.items() if k != VOCAB_KEY}, tok, cfg
+    params, tok = read_model(run_dir)
+    return params, tok, cfg
 
 
 def embed_captions(run_dir, captions):

@@ -232,3 +232,39 @@ class DirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def read_coco_json(path):
+    """A COCO captions JSON file (data.load_coco_captions), parsed, its top level and every
+    annotation checked ({"image_id": int, "id": int, "caption": str, ...}); errors name the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory; expected the COCO captions JSON file "
+                                "inside it (e.g. captions_val2017.json)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+        raise ValueError(f"{path}: not COCO captions format (no 'annotations' list at the top)")
+    if not isinstance(data.get("images", []), list):
+        raise ValueError(f"{path}: not COCO captions format ('images' is not a list)")
+    for i, ann in enumerate(data["annotations"]):
+        check_annotation(path, i, ann)
+    return data
+
+
+def check_annotation(path, i, ann):
+    if not isinstance(ann, dict):
+        raise ValueError(f"{path}: not COCO captions format (annotation {i} is not an object)")
+    for key in ("image_id", "id", "caption"):
+        if key not in ann:
+            raise ValueError(f"{path}: not COCO captions format (annotation {i} has no '{key}')")
+    for key in ("image_id", "id"):
+        if not isinstance(ann[key], int) or isinstance(ann[key], bool):
+            raise ValueError(f"{path}: annotation {i} has a non-integer '{key}': {ann[key]!r}")
+    if not isinstance(ann["caption"], str):
+        raise ValueError(f"{path}: annotation {i} (id {ann['id']}) caption is not a string: "
+                         f"{ann['caption']!r}")

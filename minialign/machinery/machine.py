@@ -1,6 +1,8 @@
 """The machine a number was measured on: numpy, its BLAS, threads, CPU, Python. One
 description, written into a replicate directory's environment.json (report prints it) and
-printed by bench above its table."""
+printed by bench above its table; and keep_freed_memory, the process-level tweak every entry
+point (python -m minialign, bench's children) makes."""
+import ctypes
 import os
 import platform
 from pathlib import Path
@@ -28,3 +30,17 @@ def describe(env=None):
             "cpus": os.cpu_count(), "thread_env": {k: env[k] for k in THREAD_ENV if k in env},
             "cpu": cpu, "python": platform.python_version(), "platform": platform.platform(),
             "blas_threads": int(threads), **{k.lower(): env.get(k) for k in OPENBLAS_ENV}}
+
+
+def keep_freed_memory():
+    """Ask glibc to keep freed memory for reuse instead of returning it to the OS.
+    Each training step allocates and frees the same large activations; by default glibc maps
+    every array over 32 MB afresh and unmaps it when freed, and touching new pages costs far
+    more than the arithmetic (a page fault per 4 KB). Process-wide, so called once at the
+    entry point (here, and in bench's child processes). No effect outside glibc (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                                 # from glibc's malloc.h
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))

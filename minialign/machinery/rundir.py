@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tokenizer import Tokenizer
 from .files import LOCK_FILE, atomic_savez, atomic_write_json, load_npz, read_json
 
 CONFIG = "config.json"         # the run's TrainConfig
@@ -36,6 +37,7 @@ FLAT_LOSS_KEYS = ("mask_rate", "sim_weight", "var_weight", "cov_weight",  # befo
 RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
 RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
 METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
+VOCAB_KEY = "tokenizer.vocab"  # the tokenizer's array inside model.npz
 
 
 class Diverged(FloatingPointError):
@@ -146,9 +148,27 @@ def record_divergence(out, step, lr, what):
                    f"or pass --force to start over")
 
 
-def save_model(out, arrays):
-    """model.npz: the final weights and the tokenizer's arrays, {name: array}."""
-    atomic_savez(Path(out) / MODEL, arrays)
+def save_model(out, params, tok):
+    """model.npz: the final weights {name: array} and the tokenizer (tokenizer_to_arrays)."""
+    atomic_savez(Path(out) / MODEL, {**params, **tokenizer_to_arrays(tok)})
+
+
+def tokenizer_to_arrays(tok: Tokenizer) -> dict[str, np.ndarray]:
+    """{"tokenizer.vocab": (V,) unicode array} to pass to np.savez with the weights."""
+    return {VOCAB_KEY: np.array(tok.vocab, dtype=str)}
+
+
+def tokenizer_from_arrays(arrays) -> Tokenizer:
+    """Inverse of tokenizer_to_arrays; arrays is a dict or the NpzFile from np.load
+    (allow_pickle=False works). Raises ValueError if the entry is missing, is not a 1-D
+    unicode array, or does not start with SPECIALS at their ids."""
+    if VOCAB_KEY not in arrays:
+        raise ValueError(f"no {VOCAB_KEY!r} array among {sorted(arrays)}")
+    vocab = np.asarray(arrays[VOCAB_KEY])
+    if vocab.ndim != 1 or vocab.dtype.kind != "U":
+        raise ValueError(f"{VOCAB_KEY} must be a 1-D unicode array, got shape {vocab.shape} "
+                         f"dtype {vocab.dtype}")
+    return Tokenizer(vocab=tuple(str(w) for w in vocab))
 
 
 def read_finished_config(run_dir):
@@ -162,8 +182,14 @@ def read_finished_config(run_dir):
 
 
 def read_model(run_dir):
-    """model.npz's arrays {name: array}. Raises ValueError naming it if unreadable."""
-    return load_npz(Path(run_dir) / MODEL, "model file (model.npz)")
+    """model.npz's (params {name: array}, Tokenizer). Raises ValueError naming it if it is
+    unreadable or holds no valid tokenizer."""
+    arrays = load_npz(Path(run_dir) / MODEL, "model file (model.npz)")
+    try:
+        tok = tokenizer_from_arrays(arrays)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{Path(run_dir) / MODEL}: no valid tokenizer ({err})") from None
+    return {k: v for k, v in arrays.items() if k != VOCAB_KEY}, tok
 
 
 def save_caption_embeddings(out, split, step, slots, image_ids):
