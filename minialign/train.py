@@ -162,7 +162,8 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     this runs. Raises FileNotFoundError / ValueError for bad captions or config, FileExistsError
     for a non-empty `out` without force or resume (or with foreign files), ValueError for
     resuming a directory that holds another config, files.DirLockedError when another
-    process holds `out`, rundir.Diverged when the loss stops being finite (now or in an earlier try)."""
+    process holds `out`, rundir.Diverged when the loss stops being finite (now or in an
+    earlier try)."""
     if force and resume:
         raise ValueError("pass force (start over) or resume (continue), not both")
     out = Path(out)

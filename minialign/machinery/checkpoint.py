@@ -156,8 +156,8 @@ def open_run(out, cfg, force, resume, inputs=()):
 
 def save_checkpoint(out, step, params, state, rngs, log_bytes, seconds):
     """Everything a resumed run needs to continue bit-identically, in out/checkpoint.npz
-    written under a temporary name and renamed: params/<name>, adam_m/<name>, adam_v/<name> (float32), and
-    "state", a 0-d string of JSON: step, Adam's t, bit_generator.state of each generator in
+    written under a temporary name and renamed: params/<name>, adam_m/<name>, adam_v/<name>
+    (float32), and "state", a 0-d string of JSON: step, Adam's t, bit_generator.state of each generator in
     rngs {"data", "mask"}, log_bytes (length of log.jsonl at `step`), seconds trained so far."""
     meta = {"step": step, "adam_t": state["t"], "log_bytes": log_bytes, "seconds": seconds,
             "rng": {name: rng.bit_generator.state for name, rng in rngs.items()}}
@@ -185,14 +185,14 @@ def load_checkpoint(out, params, state, rngs):
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path}: not a checkpoint of this run (lacks {err}); pass --force "
                          f"to start the run over") from None
+    targets = {"params/": params, "adam_m/": state["m"], "adam_v/": state["v"]}
     for (prefix, k), array in saved.items():
-        target = params[k] if prefix == "params/" else state["m" if prefix == "adam_m/" else "v"][k]
+        target = targets[prefix][k]
         if array.shape != target.shape or array.dtype != target.dtype:
             raise ValueError(f"{path}: {prefix}{k} is {array.shape} {array.dtype}, this run's is "
                              f"{target.shape} {target.dtype}; pass --force to start over")
     for (prefix, k), array in saved.items():
-        target = params[k] if prefix == "params/" else state["m" if prefix == "adam_m/" else "v"][k]
-        target[...] = array
+        targets[prefix][k][...] = array
     state["t"] = adam_t
     for rng, rng_state in zip(rngs.values(), rng_states):
         rng.bit_generator.state = rng_state

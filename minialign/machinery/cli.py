@@ -15,7 +15,8 @@ from ..train import TrainConfig, train
 from . import bench, coco, evaluate, export, replicate, report, synthetic
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
-from .protocol import LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS, Protocol
+from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
+                       Protocol)
 from .rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
@@ -67,7 +68,7 @@ def run_train(args):
 def add_replicate_args(p):
     p.add_argument("--captions", required=True, help="COCO captions JSON")
     p.add_argument("--embeddings", default=evaluate.DEFAULT_EMBEDDINGS,
-                   help="frozen DINOv2 image embeddings .npz (made by `python -m minialign export`)")
+                   help="frozen DINOv2 image embeddings .npz (`python -m minialign export`)")
     p.add_argument("--image-eval", choices=("on", "off"), default="on",
                    help="off: train text-only when the embeddings do not exist yet")
     p.add_argument("--out", required=True, help="results directory, e.g. results/coco")

@@ -18,7 +18,8 @@ def load_model(run_dir):
     try:
         cfg = TrainConfig(**config)
     except TypeError as err:                     # a field this version does not know
-        raise ValueError(f"{Path(run_dir) / CONFIG}: not a config of this minialign ({err})") from None
+        raise ValueError(f"{Path(run_dir) / CONFIG}: not a config of this minialign "
+                         f"({err})") from None
     params, tok = read_model(run_dir)
     return params, tok, cfg
 
