@@ -97,7 +97,7 @@ def test_more_photos_than_eligible_is_one_line(tmp_path):
 def fake_download(monkeypatch):
     """minialign.download with download() copying a local file (url = its path) and
     fetch_images() recording its records; returns the list of calls."""
-    from minialign.machinery import download
+    from minialign.machinery import download, photos
     calls = []
 
     def fake(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
@@ -110,7 +110,7 @@ def fake_download(monkeypatch):
         calls.append(("fetch", records, out_dir))
         return {"fetched": len(records), "already_present": 0, "failed": {}}
     monkeypatch.setattr(download, "download", fake)
-    monkeypatch.setattr(download, "fetch_images", fetch)
+    monkeypatch.setattr(photos, "fetch_images", fetch)
     return calls
 
 
@@ -253,7 +253,7 @@ def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake
     url, _, sha = zip_of
     monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", sha)
     failing = {"fetched": 10, "already_present": 0, "failed": {42: "HTTP 404", 7: "timed out"}}
-    monkeypatch.setattr(sys.modules["minialign.machinery.download"], "fetch_images",
+    monkeypatch.setattr(sys.modules["minialign.machinery.photos"], "fetch_images",
                         lambda records, out_dir, **kw: failing)
     assert main(["data", "--root", str(tmp_path), "--num-photos", "12",
                  "--annotations-url", str(url)]) == 2

@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 import minialign.machinery.download as download_module
-from minialign.machinery.download import MANIFEST, DownloadError, download, fetch_images
+from minialign.machinery.download import DownloadError, download
+from minialign.machinery.photos import MANIFEST, fetch_images
 
 from localhttp import TINY_BACKOFF, jpeg_bytes, random_bytes, sha256
 

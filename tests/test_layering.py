@@ -23,7 +23,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.progress": 0,
     "data": 1, "machinery.fast_layers": 1, "machinery.rundir": 1, "machinery.embeddings": 1,
     "machinery.figures": 1,
-    "model": 2, "machinery.checkpoint": 2, "machinery.download": 2,
+    "model": 2, "machinery.checkpoint": 2, "machinery.download": 2, "machinery.photos": 3,
     "objectives": 3,
     "train": 4,
     "machinery.encoder": 5, "machinery.protocol": 5, "machinery.evaluate": 5,
@@ -37,9 +37,10 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
 LAZY_IMPORTS = {
     ("machinery.export", "torch"), ("machinery.export", "transformers"),  # optional extra
     ("machinery.coco", "machinery.download"),   # only `data` needs the network code
+    ("machinery.coco", "machinery.photos"),
 }
 IMAGE_SIDE = {"machinery.embeddings", "machinery.evaluate", "machinery.export",
-              "machinery.coco", "machinery.download"}
+              "machinery.coco", "machinery.download", "machinery.photos"}
 
 
 def module_name(path):

@@ -7,5 +7,5 @@
                     readable reference
   image side        embeddings (.npz format), export (DINOv2, optional torch), evaluate
   replication       protocol (grid, lr search), replicate, report + figures, synthetic
-  data and speed    coco + download (`make data`), bench + machine
+  data and speed    coco + download + photos (`make data`), bench + machine
 """

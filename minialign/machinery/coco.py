@@ -249,11 +249,11 @@ def ensure_subset(captions_path, out_path, num_photos, seed, force=False):
 
 # ---------------------------------------------------------------- the images, and the command
 def fetch_subset_images(subset, images_dir, workers=8, progress=None):
-    """Download the subset file's photos into images_dir (minialign.download.fetch_images).
+    """Download the subset file's photos into images_dir (photos.fetch_images).
     Raises OSError, one line naming the ids that failed and why, if any photo failed."""
-    from . import download
+    from . import photos                             # lazily: only this step needs the network
     records = read_json(subset, "COCO captions JSON")["images"]
-    result = download.fetch_images(records, images_dir, workers=workers, progress=progress)
+    result = photos.fetch_images(records, images_dir, workers=workers, progress=progress)
     failed = result["failed"]
     if failed:
         ids = sorted(failed)

@@ -2,8 +2,7 @@
 
     download(url, dest)              one file: bytes go to dest + ".part", resumed with a Range
                                      request after a cut, checked (size, sha256), then renamed
-    fetch_images(records, out_dir)   COCO image records -> out_dir/file_name, in parallel, each
-                                     one decoded with Pillow and checked against width x height
+    (photos.fetch_images uses it for the subset's photos, many at a time)
 
 A file at `dest` is always complete: a transfer writes only the ".part" file beside it, which is
 flushed to disk and renamed onto `dest` once its size and checksum match. A cut transfer keeps
@@ -16,27 +15,22 @@ import http.client
 import os
 import re
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from PIL import Image
 from tqdm import tqdm
 
 from .embeddings import sha256_file
-from .files import FileError, append_line, fsync_dir
+from .files import FileError, fsync_dir
 
 PART_SUFFIX = ".part"                 # dest + PART_SUFFIX holds the bytes of an unfinished download
 CHUNK_BYTES = 64 * 1024               # bytes read from the socket (and written) at a time
 USER_AGENT = "minialign-download/1"   # some servers refuse requests without a User-Agent
 PLAIN_PROGRESS_LINES = 10             # without a terminal: about one line per 10%
-PLAIN_UNKNOWN_TOTAL_BYTES = 8 << 20   # ... or one per 8 MiB when the server gives no length
-MANIFEST = ".verified.tsv"            # out_dir/MANIFEST: "file_name<TAB>bytes" of verified images
-RECORD_KEYS = ("id", "file_name", "coco_url", "width", "height")  # of a COCO "images" entry
 MB = 1e6                              # progress lines count decimal megabytes
+PLAIN_UNKNOWN_TOTAL_BYTES = 8 << 20   # ... or one per 8 MiB when the server gives no length
 
 
 class DownloadError(ConnectionError):
@@ -72,13 +66,13 @@ def download(url, dest, expected_size=None, expected_sha256=None, retries=4, bac
     dest = Path(dest)
     reporter = _ByteProgress(dest.name, sys.stderr.isatty() if progress is None else progress)
     try:
-        return _download(url, dest, expected_size, expected_sha256, retries, backoff, timeout,
+        return fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout,
                          reporter)[0]
     finally:
         reporter.close()
 
 
-def _download(url, dest, expected_size, expected_sha256, retries, backoff, timeout, reporter):
+def fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout, reporter):
     """download() with a reporter (start(have, total), add(n), note(line)). Returns (dest,
     Content-Type of the last response or None, whether anything was fetched)."""
     part = dest.with_name(dest.name + PART_SUFFIX)
@@ -87,6 +81,7 @@ def _download(url, dest, expected_size, expected_sha256, retries, backoff, timeo
     dest.parent.mkdir(parents=True, exist_ok=True)
     if expected_size is not None and part.is_file() and part.stat().st_size > expected_size:
         part.unlink()                                   # longer than the file: cannot be resumed
+    reason = None
     for attempt in range(retries + 1):
         if attempt:
             wait = backoff * 2 ** (attempt - 1)
@@ -241,149 +236,3 @@ class _ByteProgress:
     def close(self):
         if self.bar is not None:
             self.bar.close()
-
-
-# ---------------------------------------------------------------- COCO images
-def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60, progress=None):
-    """Download COCO images to out_dir/file_name, `workers` at a time, and verify each one.
-
-    records: COCO "images" entries, dicts with id, file_name, coco_url, width, height (pixels).
-    An image passes if Pillow decodes it fully and its size is (width, height); one that fails
-    is deleted and reported. Images already in out_dir are verified instead of downloaded, and
-    recorded in out_dir/.verified.tsv ("file_name<TAB>bytes") as they pass, so that a rerun
-    does not decode them again while their size is unchanged. Downloads use download() (resumed,
-    atomic); retries, backoff and timeout are its. progress: a tqdm bar over images (True),
-    plain stderr lines with count, failures and MB/s (False), or None: a bar on a terminal.
-    Returns {"fetched": int, "already_present": int, "failed": {image id: reason}}; single
-    images never raise. Raises ValueError, naming the record, for a record without a field,
-    a file_name that is not a plain file name, or two records with one file_name."""
-    _check_records(records)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = out_dir / MANIFEST
-    verified = _read_manifest(manifest)
-    counter = _ByteCounter()
-    result = {"fetched": 0, "already_present": 0, "failed": {}}
-    use_bar = sys.stderr.isatty() if progress is None else progress
-    t0 = time.perf_counter()
-
-    def one(record):
-        return _fetch_one(record, out_dir, verified, (retries, backoff, timeout), counter)
-
-    pool = ThreadPoolExecutor(max_workers=workers)
-    try:
-        with open(manifest, "ab") as log, tqdm(total=len(records), unit="img",
-                                                desc="fetch_images", disable=not use_bar) as bar:
-            if log.tell() and not manifest.read_bytes().endswith(b"\n"):
-                log.write(b"\n")                        # a line cut by a killed run stays apart
-            futures = {pool.submit(one, record): record for record in records}
-            for done, future in enumerate(as_completed(futures), 1):
-                status, detail = future.result()
-                if status == "failed":
-                    result["failed"][futures[future]["id"]] = detail
-                else:
-                    result[status] += 1
-                    if detail is not None:
-                        append_line(log, detail)
-                rate = counter.total / max(time.perf_counter() - t0, 1e-9) / MB
-                bar.set_postfix_str(f"{len(result['failed'])} failed, {rate:.1f} MB/s",
-                                    refresh=False)
-                bar.update(1)
-                tenths = [k * PLAIN_PROGRESS_LINES // len(records) for k in (done - 1, done)]
-                if not use_bar and (done == 1 or tenths[1] > tenths[0]):   # first, each ~10%
-                    print(f"fetch_images: {done}/{len(records)} images "
-                          f"({100 * done // len(records)}%), {len(result['failed'])} failed, "
-                          f"{rate:.1f} MB/s", file=sys.stderr)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # Ctrl-C: start no new download
-    return result
-
-
-def _fetch_one(record, out_dir, verified, options, counter):
-    """One image: verify the file if present, else download and verify it. Returns ("fetched"
-    | "already_present", a manifest line or None) or ("failed", reason)."""
-    path = out_dir / record["file_name"]
-    width, height = record["width"], record["height"]
-    if path.is_file():
-        size = path.stat().st_size
-        if verified.get(path.name) == size:
-            return "already_present", None
-        if _check_image(path, width, height, None) is None:
-            return "already_present", f"{path.name}\t{size}"
-        path.unlink()                                   # damaged: download it again
-    retries, backoff, timeout = options
-    try:
-        _, content_type, _ = _download(record["coco_url"], path, None, None, retries, backoff,
-                                       timeout, counter)
-    except (DownloadError, ValueError) as err:
-        return "failed", str(err)
-    problem = _check_image(path, width, height, content_type)
-    if problem is not None:
-        path.unlink()
-        return "failed", problem
-    return "fetched", f"{path.name}\t{path.stat().st_size}"
-
-
-def _check_image(path, width, height, content_type):
-    """None if Pillow decodes the whole image at `path` and its size is width x height, else
-    the reason ("not an image: the server sent text/html", "size 640x480, expected 500x375")."""
-    try:
-        with Image.open(path) as image:
-            image.load()
-            size = image.size
-    except Exception as err:                            # Pillow raises many types on bad bytes
-        if content_type and not content_type.startswith("image/"):
-            return f"not an image: the server sent {content_type}"
-        return f"not a readable image ({type(err).__name__}: {err})"
-    if size != (width, height):
-        return f"size {size[0]}x{size[1]}, expected {width}x{height}"
-    return None
-
-
-def _check_records(records):
-    """Raise ValueError naming the first bad record (see fetch_images)."""
-    owner = {}
-    for index, record in enumerate(records):
-        if not isinstance(record, dict) or "id" not in record:
-            raise ValueError(f"image record #{index}: has no id (a COCO image record is a dict "
-                             f"with {', '.join(RECORD_KEYS)})")
-        name = f"image record {record['id']!r}"
-        missing = [key for key in RECORD_KEYS if key not in record]
-        if missing:
-            raise ValueError(f"{name}: missing {', '.join(missing)} (a COCO image record has "
-                             f"{', '.join(RECORD_KEYS)})")
-        file_name = record["file_name"]
-        if (not isinstance(file_name, str) or Path(file_name).name != file_name
-                or file_name.startswith(".")):
-            raise ValueError(f"{name}: file_name {file_name!r} is not a plain file name")
-        if file_name in owner:
-            raise ValueError(f"{name}: file_name {file_name} is also that of image record "
-                             f"{owner[file_name]!r}")
-        owner[file_name] = record["id"]
-
-
-def _read_manifest(path):
-    """{file_name: bytes} from out_dir/.verified.tsv ({} if absent); bad lines are skipped."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return {}
-    lines = (line.partition("\t") for line in text.splitlines())
-    return {name: int(size) for name, tab, size in lines if tab and size.isdigit()}
-
-
-class _ByteCounter:
-    """fetch_images' reporter for download: counts the bytes of all threads, prints nothing."""
-
-    def __init__(self):
-        self.total, self.lock = 0, threading.Lock()
-
-    def start(self, have, total):
-        pass
-
-    def add(self, n):
-        with self.lock:
-            self.total += n
-
-    def note(self, line):
-        pass
