@@ -7,7 +7,7 @@ import time
 import pytest
 from PIL import Image
 
-import minialign.machinery.download as download_module
+import minialign.machinery.photos as photos_module
 from minialign.machinery.download import DownloadError, download
 from minialign.machinery.photos import MANIFEST, fetch_images
 
@@ -196,7 +196,7 @@ def test_fetch_images_reports_failures_by_id_and_a_rerun_fetches_only_those(serv
 
     server.requests.clear()
     opened, real_open = [], Image.open                  # the images the rerun decodes
-    monkeypatch.setattr(download_module.Image, "open",
+    monkeypatch.setattr(photos_module.Image, "open",
                         lambda path: opened.append(path.name) or real_open(path))
     again = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False)
     assert again["fetched"] == 0 and again["already_present"] == 3
