@@ -267,7 +267,7 @@ def slot_metrics(metric, z_slots, *args, **kwargs):
 
 def text_metrics(slots):
     """Text-side metrics of one split. slots: {s: (photos (P_s,), z (P_s, D))}, caption slot s
-    of each photo (train.embed_split, or a saved captions file), with slots 0 and 1 holding
+    of each photo (monitor.embed_split, or a saved captions file), with slots 0 and 1 holding
     every photo. Returns a dict: "paraphrase_R@1" (slot-0 caption as query, slot-1 caption of
     every photo as gallery), "chance" (1 / P), "caption_slots" (how many slots were embedded),
     and collapse_stats of the slot-0 embeddings ("std", "effective_rank", "collapsed",

@@ -3,7 +3,7 @@
 Cleaning (clean_caption) happens in exactly one function, defined here and applied on every
 path from text to tokens: the loader cleans each caption once (data.load_coco_captions), and
 build_tokenizer and Tokenizer.encode clean again (it is idempotent), so raw text passed to
-train.embed_captions tokenizes exactly like the training captions.
+encoder.embed_captions tokenizes exactly like the training captions.
 
 Every caption becomes [BOS, w1, ..., wn, EOS]; batches are padded with PAD at the end.
 The vocabulary is built from the TRAINING captions only, so validation and test words the

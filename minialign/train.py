@@ -1,4 +1,4 @@
-"""Training: TrainConfig, one training step, the loop, and text-side evaluation during it.
+"""Training: TrainConfig, one training step, the loop (its evaluations: machinery/monitor.py).
 
 A run writes a run directory (machinery/rundir.py names its files): config.json, log.jsonl
 (one line per step), metrics.json (text-side metrics per evaluation step), captions/ (caption
@@ -19,20 +19,14 @@ from tqdm import tqdm
 
 from .machinery.checkpoint import open_run, resume_run, run_state, save_checkpoint
 from .machinery.files import append_line
-from .machinery.progress import print_done, print_progress, print_start, warn_if_collapsed
-from .machinery.rundir import (finished_run, open_log, record_divergence,
-                               save_caption_embeddings, save_model, start_run, write_metrics)
-from .data import (SPLIT_SEED, eval_tokens, load_coco_captions, sample_batch, split_photos,
-                   tokenize_photos)
-from .metrics import text_metrics
-from .model import ModelConfig, encode, init_params, param_count
-from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
+from .machinery.monitor import evaluate, finish, print_progress, print_start
+from .machinery.rundir import finished_run, open_log, record_divergence, start_run, write_metrics
+from .data import SPLIT_SEED, load_coco_captions, sample_batch, split_photos, tokenize_photos
+from .model import ModelConfig, init_params, param_count
+from .objectives import OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 from .tokenizer import build_tokenizer
 
-EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
-EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
-FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: saved caption embeddings must fit
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
 
 
@@ -112,30 +106,6 @@ def prepare(cfg):
             "n_truncated": n_truncated}
 
 
-def embed(params, tokens, cfg, causal):
-    """Caption embeddings z (B, D), float32, computed EVAL_BATCH captions at a time, each chunk
-    trimmed to its own longest caption."""
-    out = []
-    for i in range(0, len(tokens), EVAL_BATCH):
-        chunk = tokens[i:i + EVAL_BATCH]
-        chunk = chunk[:, :max(1, int((chunk != 0).sum(axis=1).max()))]
-        out.append(encode(params, chunk, cfg, causal)[0])
-    return np.concatenate(out)                                            # (B, D)
-
-
-def embed_split(params, table, cfg, causal):
-    """Embeddings of a split's captions, slot by slot: {s: (photos (P_s,) int64 table photo
-    indices, ascending; z (P_s, D) float32)} for s = 0 .. S-1, S = min(EVAL_SLOTS, most
-    captions of any photo of the table). Slot s holds the photos with more than s captions
-    (a photo without an s-th caption is absent from slot s); slots 0 and 1 hold every photo."""
-    n_slots = min(EVAL_SLOTS, int(table.counts.max()))
-    slots = {}
-    for s in range(n_slots):
-        tokens, photos = eval_tokens(table, s)                  # (P_s, T), (P_s,); P_s >= 1
-        slots[s] = (photos, embed(params, tokens, cfg, causal))
-    return slots
-
-
 def train_step(params, state, batch, cfg, lr, rng_mask):
     """One optimizer step: the objective's loss and gradients, global-norm clipping, AdamW.
     params, state: weights and Adam moments, updated in place; batch: data.Batch; cfg:
@@ -148,7 +118,6 @@ def train_step(params, state, batch, cfg, lr, rng_mask):
     if np.isfinite(loss) and np.isfinite(grad_norm):
         adam_step(params, grads, state, lr, cfg.weight_decay)
     return loss, stats, grad_norm
-
 
 
 def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
@@ -250,37 +219,3 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
                                 time.perf_counter() - t_start)
     bar.close()
     return finish(params, cfg, data, out, metrics, t_start)
-
-
-def evaluate(params, cfg, data, out, step, splits):
-    """Embed the captions of `splits` (of "val", "test", "train") with the current params, save
-    them (captions/<split>_stepNNNNN.npz) and return {"step", split: text_metrics} for val and
-    test. Raises Diverged (record_divergence) if an embedding is not finite or beyond float16."""
-    entry = {"step": step}
-    for split in splits:
-        table = data["tables"][split]
-        with np.errstate(over="ignore", invalid="ignore"):
-            slots = embed_split(params, table, cfg.model, CAUSAL[cfg.objective])
-        if not all(np.abs(z).max() < FLOAT16_MAX for _, z in slots.values()):  # NaN too
-            record_divergence(out, step, cfg.lr, f"{split} caption embeddings beyond "
-                              f"float16's range (saved as float16) or not finite")
-        save_caption_embeddings(out, split, step, slots,
-                                data["captions"].image_ids[table.photo_idx])
-        if split != "train":
-            entry[split] = text_metrics(slots)
-    return entry
-
-
-def finish(params, cfg, data, out, metrics, t_start):
-    """After the last step: model.npz, the final evaluation of every split, a warning for
-    collapsed embeddings, metrics.json with "final". Returns the metrics dict."""
-    save_model(out, params, data["tokenizer"])
-    final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
-    metrics["evals"].append(final)
-    write_metrics(out, metrics)
-    warnings = warn_if_collapsed(cfg, out, final)    # collapse is silent in the losses
-    metrics.update(final=final, warnings=warnings, wall_seconds=time.perf_counter() - t_start,
-                   ms_per_step=1000 * (time.perf_counter() - t_start) / max(1, cfg.steps))
-    write_metrics(out, metrics)
-    print_done(cfg, final)
-    return metrics

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from minialign import train
-from minialign.machinery import files, rundir, synthetic
+from minialign.machinery import files, monitor, rundir, synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -213,16 +213,16 @@ def test_stopped_after_the_final_checkpoint_without_metrics_finishes(world, refe
     """Issue 8.2: steps <= eval_every, Ctrl-C during the final evaluation: checkpoint.npz but
     no metrics.json. Resume (train and replicate both call train(resume=True)) finishes it."""
     cfg = train.TrainConfig(**{**config(world["captions"]).__dict__, "eval_every": 10})
-    out, real_evaluate_split = tmp_path / "run", train.embed_split
+    out, real_evaluate_split = tmp_path / "run", monitor.embed_split
     calls = []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
         raise KeyboardInterrupt
-    monkeypatch.setattr(train, "embed_split", interrupted)
+    monkeypatch.setattr(monitor, "embed_split", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train.train(cfg, out, progress=False)
-    monkeypatch.setattr(train, "embed_split", real_evaluate_split)
+    monkeypatch.setattr(monitor, "embed_split", real_evaluate_split)
     assert (out / rundir.CHECKPOINT).exists() and not (out / "metrics.json").exists()
     metrics = train.train(cfg, out, progress=False, resume=True)
     assert metrics["final"]["val"]["paraphrase_R@1"] >= 0

@@ -5,8 +5,8 @@ fail here), and the core never reaches up into the machinery that runs it.
 Three core modules import from machinery/, and may because those modules sit low: model
 imports machinery.fast_layers (the packed attention path; it imports only layers); data
 imports machinery.files (the COCO JSON reader; numpy only); train imports machinery.rundir,
-machinery.checkpoint, machinery.files and machinery.progress (training writes a run directory
-and prints its progress; they import only numpy, the tokenizer and each other).
+machinery.checkpoint, machinery.files and machinery.monitor (training writes a run directory,
+evaluates and prints its progress; they import only numpy and the core below train).
 
 Parsed, not executed: every `import minialign.x`, `from minialign.x import y`, `from . import
 x`, `from .x import y` and `from ..x import y` anywhere in a file, function bodies included.
@@ -20,18 +20,18 @@ PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
     "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.machine": 0,
-    "machinery.progress": 0,
     "data": 1, "machinery.fast_layers": 1, "machinery.rundir": 1, "machinery.embeddings": 1,
     "machinery.figures": 1,
     "model": 2, "machinery.checkpoint": 2, "machinery.download": 2, "machinery.photos": 3,
     "objectives": 3,
-    "train": 4,
-    "machinery.encoder": 5, "machinery.protocol": 5, "machinery.evaluate": 5,
-    "machinery.synthetic": 5, "machinery.coco": 5, "machinery.export": 5, "machinery.bench": 5,
-    "machinery.report": 6,
-    "machinery.replicate": 7,
-    "machinery.cli": 8,
-    "__main__": 9,
+    "machinery.monitor": 4,
+    "train": 5,
+    "machinery.encoder": 6, "machinery.protocol": 6, "machinery.evaluate": 6,
+    "machinery.synthetic": 6, "machinery.coco": 6, "machinery.export": 6, "machinery.bench": 6,
+    "machinery.report": 7,
+    "machinery.replicate": 8,
+    "machinery.cli": 9,
+    "__main__": 10,
 }
 # imports inside a function, each for a reason other than dodging a circle
 LAZY_IMPORTS = {

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..objectives import CAUSAL
 from ..tokenizer import pad_batch
-from ..train import TrainConfig, embed
+from ..train import TrainConfig
+from .monitor import embed
 from .rundir import CONFIG, read_finished_config, read_model
 
 
