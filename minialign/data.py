@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .machinery.files import read_coco_json
-from .tokenizer import MAX_LEN, PAD, Tokenizer, clean_caption, encode_all, has_word
+from .tokenizer import MAX_LEN, Tokenizer, clean_caption, encode_all, has_word, pad_batch
 
 SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
 MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
@@ -142,9 +142,7 @@ def tokenize_photos(captions: Captions, photo_idx: np.ndarray, tok: Tokenizer,
     counts = np.array([len(captions.captions[p]) for p in photo_idx], dtype=np.int64)  # (P_t,)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)         # (P_t,)
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)                        # (n,)
-    tokens = np.full((len(seqs), lengths.max()), PAD, dtype=np.int32)                 # (n, L)
-    for row, s in enumerate(seqs):
-        tokens[row, :len(s)] = s
+    tokens = pad_batch(seqs)                                                          # (n, L)
     for a in (photo_idx, tokens, lengths, offsets, counts):
         a.setflags(write=False)
     table = CaptionTable(photo_idx=photo_idx, tokens=tokens, lengths=lengths,

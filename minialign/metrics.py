@@ -9,8 +9,8 @@ Text side (no image model needed):
 Image alignment (frozen DINOv2 embeddings of the same photos):
     mutual_knn, prepare_for_rotation, fit_rotation, fit_procrustes, rotated_recall,
     procrustes_recall
-Per caption slot (COCO photos have 5 captions):
-    slot_metrics, text_metrics
+Per split, from its caption slots (COCO photos have 5 captions):
+    text_metrics
 """
 import numpy as np
 
@@ -247,22 +247,6 @@ def procrustes_recall(z_text_train, img_train, z_text_test, img_test, ks=DEFAULT
     fit_rotation and recall_at_k, or for mismatched widths or row counts.
     To score several test sets against one fit, call fit_procrustes once, then rotated_recall."""
     return rotated_recall(fit_procrustes(z_text_train, img_train), z_text_test, img_test, ks)
-
-
-def slot_metrics(metric, z_slots, *args, **kwargs):
-    """Evaluate a metric once per caption slot (COCO photos have 5 captions, slots 0..4).
-    metric: callable(z, *args, **kwargs) -> float, e.g. mutual_knn with args=(img,) or
-    lambda z: procrustes_recall(...)["R@1"]; z_slots: list of (N, D) arrays, z_slots[s][i]
-    = embedding of caption s of photo i.
-    Returns {"mean": mean over slots, "slot0": slot 0's value, "per_slot": [value per slot]},
-    all floats. Raises ValueError for an empty list or slots of different shapes."""
-    if len(z_slots) == 0:
-        raise ValueError("z_slots must hold at least one (N, D) array")
-    shapes = {np.shape(z) for z in z_slots}
-    if len(shapes) != 1:
-        raise ValueError(f"all slots must have the same shape, got {sorted(shapes)}")
-    per_slot = [float(metric(z, *args, **kwargs)) for z in z_slots]
-    return {"mean": float(np.mean(per_slot)), "slot0": per_slot[0], "per_slot": per_slot}
 
 
 def text_metrics(slots):

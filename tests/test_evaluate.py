@@ -378,3 +378,10 @@ def test_embeddings_without_meta_are_scored_as_model_unknown(world, tmp_path, ca
     ia = json.loads((run / "metrics.json").read_text())["image_alignment"]
     assert ia["embeddings"]["model"] == "unknown (no meta in file)"
     assert 0 <= summary["runs"][0]["mutual_knn"] <= 1
+
+
+def test_slot_summary():
+    from minialign.machinery.evaluate import slot_summary
+    out = slot_summary(np.float64(2.0 * s) for s in range(5))
+    assert out == {"mean": 4.0, "slot0": 0.0, "per_slot": [0.0, 2.0, 4.0, 6.0, 8.0]}
+    assert all(type(v) is float for v in out["per_slot"])

@@ -5,8 +5,7 @@ import pytest
 from minialign.metrics import (COLLAPSE_STD_FRACTION, collapse_stats, cosine_similarity,
                                fit_procrustes, fit_rotation, knn_indices, l2_normalize,
                                mutual_knn, paraphrase_r_at_1, prepare_for_rotation,
-                               procrustes_recall, recall_at_k, rotated_recall, slot_metrics,
-                               text_metrics)
+                               procrustes_recall, recall_at_k, rotated_recall, text_metrics)
 
 
 def random_semi_orthogonal(rng, d_in, d_out):
@@ -257,22 +256,6 @@ def test_prepare_for_rotation():
     assert np.allclose(out, [[3 / np.sqrt(18), 3 / np.sqrt(18)], [1.0, 0.0]], rtol=0, atol=1e-15)
     with pytest.raises(ValueError, match="mean must have shape"):
         prepare_for_rotation(x, np.zeros(3))
-
-
-# ---------------------------------------------------------------------------- slot_metrics
-
-def test_slot_metrics():
-    z_slots = [np.full((3, 2), float(s)) for s in range(5)]                   # 5 x (3, 2)
-    out = slot_metrics(lambda z, scale: scale * z[0, 0], z_slots, 2.0)
-    assert out == {"mean": 4.0, "slot0": 0.0, "per_slot": [0.0, 2.0, 4.0, 6.0, 8.0]}
-    rng = np.random.default_rng(0)
-    img = rng.standard_normal((20, 6))                                        # (20, 6)
-    out = slot_metrics(mutual_knn, [img[:, :4], img[:, :4]], img[:, :4], k=3)
-    assert out["per_slot"] == [1.0, 1.0]
-    with pytest.raises(ValueError, match="same shape"):
-        slot_metrics(mutual_knn, [img, img[:5]], img, k=3)
-    with pytest.raises(ValueError, match="at least one"):
-        slot_metrics(mutual_knn, [], img)
 
 
 def test_cosine_similarity_width_mismatch():

@@ -17,7 +17,7 @@ new metric never needs a new training run. For each saved step:
 Caption slots: every photo has >= 2 captions, slot s = its s-th caption. Image metrics are
 computed once per slot, on the photos that have ALL saved slots and an image embedding (the
 same N photos for every slot, so one chance level), and reported as {"mean" over slots,
-"slot0", "per_slot"} (metrics.slot_metrics). The rotation W is fitted once per step on ONE
+"slot0", "per_slot"} (slot_summary). The rotation W is fitted once per step on ONE
 caption per train photo, its slot-0 caption, against that photo's image embedding, and the
 same W maps every test slot: the test rows also hold one caption per photo, and the spread
 over slots then measures caption wording only, not different fits.
@@ -36,7 +36,7 @@ import numpy as np
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
 from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall,
-                      slot_metrics, text_metrics)
+                      text_metrics)
 from .rundir import (caption_files, check_run_dir, load_caption_slots, read_metrics,
                      read_run_config, update_metrics)
 
@@ -52,6 +52,12 @@ def rows_of(ids, wanted):
     """Index of each id of `wanted` (N,) in `ids` (P,): ids[rows_of(ids, wanted)] == wanted."""
     row = {image_id: r for r, image_id in enumerate(ids.tolist())}
     return np.array([row[image_id] for image_id in wanted.tolist()], dtype=np.int64)  # (N,)
+
+
+def slot_summary(per_slot):
+    """One metric's values per caption slot -> {"mean" over slots, "slot0", "per_slot"}."""
+    per_slot = [float(v) for v in per_slot]
+    return {"mean": float(np.mean(per_slot)), "slot0": per_slot[0], "per_slot": per_slot}
 
 
 def joined_slots(slots, emb, where):
@@ -78,7 +84,7 @@ def score_test(z_slots, img, train_slots, emb, where):
     z_slots: S x (N, D) test captions, img (N, D_img) their images; train_slots as saved.
     W is fitted once, on (slot-0 caption, image) pairs of the train photos
     (metrics.fit_procrustes), and maps every test slot (metrics.rotated_recall).
-    Returns {"R@k": {"mean", "slot0", "per_slot"}} (the summary of metrics.slot_metrics)
+    Returns {"R@k": {"mean", "slot0", "per_slot"}} (slot_summary)
     and the number of train photos in the fit."""
     train_ids, train_z = train_slots[0]                                   # (P_train,), (P_train, D)
     cap_idx, emb_idx, _ = join_on_ids(train_ids, emb)
@@ -87,12 +93,7 @@ def score_test(z_slots, img, train_slots, emb, where):
               f"the {train_z.shape[1]} caption dimensions; W is underdetermined", file=sys.stderr)
     rotation = fit_procrustes(train_z[cap_idx], emb.embeddings[emb_idx])  # W, train means
     recalls = [rotated_recall(rotation, z, img, ks=RECALL_KS) for z in z_slots]  # S x {"R@k"}
-    out = {}
-    for k in RECALL_KS:
-        per_slot = [r[f"R@{k}"] for r in recalls]
-        out[f"R@{k}"] = {"mean": float(np.mean(per_slot)), "slot0": per_slot[0],
-                         "per_slot": per_slot}
-    return out, len(cap_idx)
+    return {f"R@{k}": slot_summary(r[f"R@{k}"] for r in recalls) for k in RECALL_KS}, len(cap_idx)
 
 
 def evaluate_split(slots, emb, train_slots, where):
@@ -104,7 +105,7 @@ def evaluate_split(slots, emb, train_slots, where):
     if emb is None:
         return out
     z_slots, img, out["photos"] = joined_slots(slots, emb, where)
-    out["mutual_knn"] = slot_metrics(mutual_knn, z_slots, img, k=K)
+    out["mutual_knn"] = slot_summary(mutual_knn(z, img, k=K) for z in z_slots)
     if train_slots is not None:
         recalls, out["photos"]["train_fit"] = score_test(z_slots, img, train_slots, emb, where)
         out.update(recalls)
