@@ -42,7 +42,6 @@ from .rundir import (caption_files, check_run_dir, load_caption_slots, read_metr
 
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
-SPLITS = ("val", "test", "train")
 DEFAULT_EMBEDDINGS = "embeddings/coco_train2017_subset10000_seed0_dinov2-base.npz"  # make embeddings
 EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images <COCO images dir> "
                   "--model facebook/dinov2-base --out {out}")

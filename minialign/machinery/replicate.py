@@ -136,17 +136,12 @@ def needs_evaluation(run_dir, emb):
 
 def missing_embeddings_message(path, captions):
     """Why replicate stops before training when the embeddings file is absent, and what to do."""
-    command = evaluate.EXPORT_COMMAND.format(captions=captions, out=path)
     return (f"{path} does not exist, and image alignment (mutual-kNN, R@1) needs these frozen "
-            f"DINOv2 image embeddings. Make them once with `make embeddings` (after `make "
-            f"data`; COCO images + the [export] extra; see embeddings/README.md):\n"
-            f"  {command}\nor, to train text-only now (hours of "
-            f"training; the image columns then read 'pending'), say so explicitly: "
-            f"`make replicate IMAGE_EVAL=off` / `--image-eval off`. The image numbers can be "
-            f"filled in later without retraining: rerun this command with the embeddings "
-            f"(finished runs are skipped, only evaluation runs), or `python -m minialign "
-            f"evaluate --embeddings {path} --run DIR ...` and then `python -m minialign report "
-            f"OUT`.")
+            f"DINOv2 image embeddings (`make embeddings`, after `make data`). "
+            f"{evaluate.how_to_export(path, captions)} Or train text-only now, explicitly: "
+            f"`make replicate IMAGE_EVAL=off` / `--image-eval off`; the image numbers are filled "
+            f"in later without retraining (finished runs are skipped), or by `python -m minialign "
+            f"evaluate --embeddings {path} --run DIR ...` and then `python -m minialign report OUT`.")
 
 
 def load_image_embeddings(args):
