@@ -4,13 +4,9 @@ Sizes: N samples (photos), D caption-embedding width, D_img image-embedding widt
 DINOv2-base), K neighbours. Every metric casts its inputs to float64 first (float32 embeddings
 in, float64 arithmetic), and every sort is `kind="stable"`, so ties always go to the lower index.
 
-Text side (no image model needed):
-    recall_at_k, paraphrase_r_at_1, collapse_stats
-Image alignment (frozen DINOv2 embeddings of the same photos):
-    mutual_knn, prepare_for_rotation, fit_rotation, fit_procrustes, rotated_recall,
-    procrustes_recall
-Per split, from its caption slots (COCO photos have 5 captions):
-    text_metrics
+Text side: recall_at_k, paraphrase_r_at_1, collapse_stats, text_metrics (one split's).
+Image alignment (frozen DINOv2 embeddings of the same photos): mutual_knn, fit_rotation,
+fit_procrustes / rotated_recall (one fit, many test sets), procrustes_recall.
 """
 import numpy as np
 

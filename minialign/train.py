@@ -1,11 +1,7 @@
 """Training: TrainConfig, one training step, the loop (its evaluations: machinery/monitor.py).
 
-A run writes a run directory (machinery/rundir.py names its files): config.json, log.jsonl
-(one line per step), metrics.json (text-side metrics per evaluation step), captions/ (caption
-embeddings of the val and test photos at every evaluation, and of the train photos at the
-end, float16, which `python -m minialign evaluate` scores against image embeddings later),
-checkpoint.npz (to resume: machinery/checkpoint.py) and model.npz (weights and tokenizer).
-Training never reads image embeddings: this module does not import the modules that load them.
+A run writes a run directory (machinery/rundir.py names and documents its files), resumable
+from its checkpoint. Training never reads image embeddings: nothing here imports their modules.
 """
 import dataclasses
 import json
