@@ -49,7 +49,7 @@ bench:
 
 # ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
-# progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick).
+# progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick, 20 in demo).
 RESULTS    ?= results/coco
 QUICK      ?= results/coco-quick
 DEMO       ?= results/synthetic
@@ -60,7 +60,7 @@ replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-
 	$(PY) -m minialign replicate --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) \
 	    --image-eval $(IMAGE_EVAL) --out $(RESULTS)
 
-# The classroom version, sized for ~11 min on 2 cores: one seed, no lr search, 200 steps of
+# The classroom version, ~8 min on 2 idle cores (~23 min measured on a busy machine): one seed, no lr search, 200 steps of
 # 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token).
 # No download needed: the first captions file that exists of the subset, your COCO val2017
 # captions, and this machine's shared copy (a test fixture); embeddings to match.
@@ -79,7 +79,7 @@ replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same tabl
 
 # The grid on a SYNTHETIC world (no COCO needed): D=32, 1 block, 120 steps x 64 photos, with
 # an lr search over 1e-3..1e-2. Its matrices are tiny, so one BLAS thread is the fastest.
-demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr search, synthetic, ~3 min
+demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr search, synthetic, ~2-4 min
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign replicate \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
