@@ -99,9 +99,9 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, val_sha256=
     Skipped (no network) when root/annotations/MANIFEST.sha256 matches every file; a damaged
     or missing file is named and the folder extracted again; a folder without a manifest
     (unzipped by hand) is adopted if its captions_val2017.json is the official file. Otherwise
-    downloads url to root/annotations_trainval2017.zip (minialign.download.download), checks
-    it, extracts the two captions files into root/.annotations.tmp-XXXX and renames that to
-    root/annotations (so annotations/ is never half-extracted), then deletes the zip.
+    downloads url to root/annotations_trainval2017.zip (machinery.download.download), checks
+    it, extracts the two captions files into a fresh folder root/.annotations.tmp-<random>
+    and renames it to root/annotations (never half-extracted), then deletes the zip.
     val_sha256: the expected sha256 of captions_val2017.json (None: VAL_CAPTIONS_SHA256).
     Returns {"train": path, "val": path}. Raises ValueError (bad or other archive; the zip is
     deleted so a rerun downloads it again) or OSError (network, disk), one line each."""

@@ -98,7 +98,7 @@ TRAIN_FLAGS = {
     "weight_decay": ("decoupled AdamW weight decay, >= 0", nonnegative_float),
     "eval_every": ("steps between val evaluations, saved caption embeddings and checkpoints, "
                    ">= 1", positive_int),
-    "split_seed": ("photo split seed, independent of --seed", nonnegative_int),
+    "split_seed": ("photo split seed, >= 0, independent of --seed", nonnegative_int),
     "mask_rate": ("bad_views: word masking probability, in [0, 1)", fraction_in_0_1),
     "anticollapse_weight": ("next_token: weight on VICReg var+cov, >= 0", nonnegative_float),
     "sim_weight": ("VICReg invariance (lambda) weight, >= 0", nonnegative_float),
