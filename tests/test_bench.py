@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from minialign.machinery.bench import KEYS, step_flops, token_counts
 from minialign.machinery.cli import add_bench_args, run_bench
@@ -56,3 +57,18 @@ def test_run_bench_tiny_json(tmp_path, capsys):
         for key in KEYS[1:]:
             assert math.isfinite(r[key]) and r[key] > 0, (r["objective"], key, r[key])
         assert r["steps"] == 1 and r["sequences"] == 8
+
+
+
+def test_use_cores_sets_numpy_blas_threads_and_refuses_zero():
+    from minialign.machinery import machine
+    before = machine.cores()
+    try:
+        assert machine.use_cores(1) is True          # numpy's wheels ship OpenBLAS
+        assert machine.cores() == 1 and machine.blas_threads() == 1
+        machine.use_cores(2)
+        assert machine.cores() == 2 and machine.blas_threads() == min(2, machine.available_cores())
+        with pytest.raises(ValueError, match="n=0 must be an integer >= 1"):
+            machine.use_cores(0)
+    finally:
+        machine.use_cores(before)

@@ -30,7 +30,7 @@ from ..objectives import OBJECTIVES
 from ..optim import adam_init
 from ..tokenizer import PAD, SPECIALS
 from ..train import prepare, train_step
-from .machine import OPENBLAS_ENV, describe
+from .machine import OPENBLAS_ENV, cores, describe
 
 DEFAULT_CAPTIONS = Path(__file__).resolve().parents[3] / "shared" / "coco" / "captions_val2017.json"
 WARMUP_STEPS = 2      # untimed steps first: page faults, BLAS thread start-up
@@ -161,7 +161,7 @@ def bench_one(name, args, cfg):
             "ms_per_step_min": 1000 * min(seconds), "T": counts["T"],
             "real_tokens": counts["n_tokens"], "sequences": counts["n_seqs"],
             "next_token_targets": counts["n_targets"], "steps": len(seconds),
-            **describe()}
+            "cores": cores(), **describe()}
 
 
 # ---------------------------------------------------------------- all objectives (parent)
@@ -185,6 +185,7 @@ def run_child(name, args, env):
             "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
             "--n-heads", str(args.n_heads), "--mlp-ratio", str(args.mlp_ratio),
             "--gemm-rows", str(args.gemm_rows), "--gemm-square", str(args.gemm_square)]
+    argv += ["--threads", str(args.threads)] if args.threads else []
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True)  # stderr passes through
     if done.returncode != 0:
         raise ValueError(f"the {name} benchmark process failed (exit code {done.returncode})")

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from . import bench, coco, evaluate, export, replicate, report, synthetic
+from .machine import use_cores
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
@@ -57,11 +58,24 @@ def add_train_args(p):
                    help="continue --out from whatever stage stopped (skip it if finished; "
                         "start it if --out does not exist yet)")
     add_config_flags(p, TRAIN_FIELDS, TrainConfig())
+    add_threads_arg(p)
+
+
+def add_threads_arg(p):
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="cores this process computes on, >= 1 (default: every core it may use)")
+
+
+def use_threads(args):
+    """--threads N: machine.use_cores(N) before any work; unset: numpy's own default."""
+    if args.threads is not None:
+        use_cores(args.threads)
 
 
 def run_train(args):
     """Build the config (ValueError for fields that disagree, before --out is touched), train."""
     cfg = config_from_args(args, TrainConfig(), objective=args.objective, captions=args.captions)
+    use_threads(args)
     train(cfg, args.out, force=args.force, resume=args.resume)
 
 
@@ -127,10 +141,12 @@ def add_bench_args(p):
                    help="rows of the peak GEMMs, >= 1")
     p.add_argument("--gemm-square", type=positive_int, default=bench.GEMM_SQUARE,
                    help="size of the square peak GEMM, >= 1")
+    add_threads_arg(p)
 
 
 def run_bench(args):
     cfg = config_from_args(args, TrainConfig(), captions=args.captions)  # before any child
+    use_threads(args)
     return bench.run_bench(args, cfg)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_CORES = None   # cores this process computes on, set by use_cores; None: all of available_cores
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")   # OpenBLAS's kernel choice
 
 
@@ -44,3 +45,53 @@ def keep_freed_memory():
         return False
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                                 # from glibc's malloc.h
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
+
+
+def available_cores():
+    """Cores this process may run on (its CPU affinity where the OS tells, else os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cores():
+    """Cores this process computes on: use_cores's n, else available_cores()."""
+    return _CORES or available_cores()
+
+
+def _openblas(function):
+    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads"), found
+    among the libraries this process has loaded, or None (another BLAS, or not Linux)."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        return None
+    paths = {line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line}
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in (f"scipy_openblas_{function}64_", f"openblas_{function}64_",
+                     f"openblas_{function}"):
+            if hasattr(lib, name):
+                return getattr(lib, name)
+    return None
+
+
+def blas_threads():
+    """Threads numpy's OpenBLAS uses now, or None when it cannot tell (another BLAS)."""
+    getter = _openblas("get_num_threads")
+    return None if getter is None else int(getter())
+
+
+def use_cores(n):
+    """This process computes on n >= 1 cores: sets numpy's BLAS to n threads (OpenBLAS, through
+    its own openblas_set_num_threads; other BLAS libraries keep their setting). Returns True
+    when the BLAS setting took effect. Raises ValueError for n < 1."""
+    global _CORES
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"use_cores: n={n!r} must be an integer >= 1")
+    _CORES = n
+    setter = _openblas("set_num_threads")
+    if setter is None:
+        return False
+    setter(ctypes.c_int(n))
+    return True
