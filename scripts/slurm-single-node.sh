@@ -57,6 +57,20 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
+munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+wait_gone() {  # wait_gone PID...: until none of them is alive (a stopped daemon lingers ~1 s)
+    for _ in $(seq 100); do
+        left=""
+        for pid in "$@"; do
+            [ -r "/proc/$pid/stat" ] && [ "$(sed 's/^.*) //' "/proc/$pid/stat" | cut -d' ' -f1)" != Z ] && left=1
+        done
+        [ -z "$left" ] && return 0
+        sleep 0.1
+    done
+    die "daemons $* still running after 10 s"
+}
+
 start() {
     command -v slurmctld >/dev/null || die "Slurm is not installed: run '$0 install' first"
     mkdir -p "$RUN" /run/munge /var/log/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd
@@ -65,8 +79,8 @@ start() {
     write_conf
     # munged before slurmctld; a running daemon is left alone (starting it again would restart
     # it and could orphan a job being launched)
-    pgrep -x munged >/dev/null || su -s /bin/sh munge -c /usr/sbin/munged
-    munge -n | unmunge >/dev/null || die "munge does not work (munge -n | unmunge)"
+    munge_works || su -s /bin/sh munge -c /usr/sbin/munged
+    munge_works || die "munge does not work (munge -n | unmunge)"
     alive "$RUN/slurmctld.pid" || slurmctld
     alive "$RUN/slurmd.pid" || slurmd -N localhost
     for _ in $(seq 100); do   # cold start to idle takes well under a second here
@@ -85,10 +99,13 @@ stop() {
         scancel --full --user="$(id -un)" 2>/dev/null || true
         for _ in $(seq 100); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.1; done
     fi
+    pids=""
     for d in slurmd slurmctld; do
-        alive "$RUN/$d.pid" && kill "$(cat "$RUN/$d.pid")"
+        if alive "$RUN/$d.pid"; then pids="$pids $(cat "$RUN/$d.pid")"; kill "$(cat "$RUN/$d.pid")"; fi
     done
-    pkill -x munged 2>/dev/null || true
+    wait_gone $pids
+    pids=$(pgrep -x munged || true)
+    [ -n "$pids" ] && kill $pids && wait_gone $pids
     echo "slurm-single-node: stopped"
 }
 
