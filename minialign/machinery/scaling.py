@@ -1,0 +1,75 @@
+"""The open question: does the gap between good views and next-token prediction grow or shrink
+with encoder size? A sweep over width D and depth L (heads and MLP scaled with D), the three
+objectives and seeds; this module holds its sizes, parameter counts and the trend the data
+supports. Running the runs is replicate's machinery (run directories, resume, --jobs, Slurm).
+
+The trend: every finished (size, seed) pair with both objectives gives one gap
+g = metric(good_views) - metric(next_token). An ordinary least-squares line
+g = a + b log10(parameters) through all of them gives the slope b (gap per decade of
+parameters) and its standard error se(b) = sqrt(RSS / (n - 2) / sum (x - mean x)^2). The
+verdict is "grows" when b > 2 se(b), "shrinks" when b < -2 se(b), else "not resolved at these
+sizes" (also with fewer than 3 points or fewer than 2 distinct sizes).
+"""
+import math
+
+import numpy as np
+
+from ..model import ModelConfig
+
+WIDTHS = (64, 128, 256, 512)
+DEPTHS = (2, 4, 8)
+HEAD_WIDTH = 64   # Dh: heads = D / 64 (at least 1), as GPT-2 and BERT keep per-head width fixed
+MLP_RATIO = 4     # F = 4 D at every size
+SLOPE_SIGMAS = 2  # |b| > 2 se(b): the slope's sign is called
+
+
+def size_config(d_model, n_layers, vocab_size, max_len):
+    """The ModelConfig of one sweep point: D = d_model, L = n_layers, H = max(1, D // 64),
+    F = 4 D. Raises ValueError (ModelConfig's) for a D that H does not divide."""
+    return ModelConfig(vocab_size=vocab_size, max_len=max_len, d_model=d_model,
+                       n_layers=n_layers, n_heads=max(1, d_model // HEAD_WIDTH),
+                       mlp_ratio=MLP_RATIO)
+
+
+def count_params(cfg):
+    """Scalars in model.init_params(cfg) without allocating them:
+    V D + T_max D (embeddings) + L (4 D + 3 D^2 + 3 D + D^2 + D + 2 D F + F + D) + 2 D."""
+    D, F = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    block = 4 * D + (3 * D * D + 3 * D) + (D * D + D) + (D * F + F) + (F * D + D)
+    return cfg.vocab_size * D + cfg.max_len * D + cfg.n_layers * block + 2 * D
+
+
+def gap_trend(points):
+    """points: list of (parameters, gap) over finished (size, seed) pairs.
+    Returns {"slope": b per decade or None, "se": se(b) or None, "n": points, "sizes":
+    distinct parameter counts, "verdict": "grows" | "shrinks" | "not resolved at these
+    sizes"} (module docstring: the fit and the rule)."""
+    x = np.log10(np.array([p for p, _ in points], dtype=np.float64))
+    g = np.array([gap for _, gap in points], dtype=np.float64)
+    out = {"slope": None, "se": None, "n": len(points), "sizes": len(set(x.tolist())),
+           "verdict": "not resolved at these sizes"}
+    if len(points) < 3 or out["sizes"] < 2:
+        return out
+    xc = x - x.mean()
+    b = float(xc @ (g - g.mean()) / (xc @ xc))
+    residual = g - g.mean() - b * xc
+    se = math.sqrt(float(residual @ residual) / (len(points) - 2) / float(xc @ xc))
+    out.update(slope=b, se=se)
+    if b > SLOPE_SIGMAS * se:
+        out["verdict"] = "grows"
+    elif b < -SLOPE_SIGMAS * se:
+        out["verdict"] = "shrinks"
+    return out
+
+
+def trend_sentence(trend, metric):
+    """One line for results.md, computed from gap_trend's dict."""
+    if trend["slope"] is None:
+        return (f"The good views - next-token gap in {metric}: not resolved at these sizes "
+                f"({trend['n']} finished size/seed pairs over {trend['sizes']} sizes; the fit "
+                f"needs at least 3 pairs over 2 sizes).")
+    return (f"The good views - next-token gap in {metric} {trend['verdict']}"
+            f"{'' if trend['verdict'].startswith('not') else ' with encoder size'}: slope "
+            f"{trend['slope']:+.4f} +- {trend['se']:.4f} per decade of parameters (OLS over "
+            f"{trend['n']} size/seed pairs, {trend['sizes']} sizes; called when |slope| > "
+            f"{SLOPE_SIGMAS} standard errors).")
