@@ -1,14 +1,10 @@
 """Word-level tokenizer: caption text <-> int32 token ids, and the one caption cleaning.
 
-Cleaning (clean_caption) happens in exactly one function, defined here and applied on every
-path from text to tokens: the loader cleans each caption once (data.load_coco_captions), and
-build_tokenizer and Tokenizer.encode clean again (it is idempotent), so raw text passed to
-encoder.embed_captions tokenizes exactly like the training captions.
-
-Every caption becomes [BOS, w1, ..., wn, EOS]; batches are padded with PAD at the end.
-The vocabulary is built from the TRAINING captions only, so validation and test words the
-model never saw map to UNK. It is saved next to the model weights in the same .npz, as a
-unicode array (no pickle).
+clean_caption is the only cleaning, applied on every path from text to tokens (the loader,
+build_tokenizer, Tokenizer.encode; it is idempotent), so raw text given to
+encoder.embed_captions tokenizes exactly like the training captions. Every caption becomes
+[BOS, w1, ..., wn, EOS], padded with PAD at the end. The vocabulary comes from the TRAINING
+captions only, so words seen only in val or test map to UNK.
 """
 import re
 import unicodedata
@@ -79,9 +75,6 @@ class Tokenizer:
             raise ValueError(f"vocab has repeated entries: {dups[:10]}")
         object.__setattr__(self, "index", index)  # frozen: set the derived field once
 
-    def __len__(self) -> int:
-        return len(self.vocab)
-
     @property
     def vocab_size(self) -> int:
         """V, the number of rows of the embedding table and columns of the output logits."""
@@ -127,18 +120,6 @@ def build_tokenizer(captions: list[str], min_count: int = 1) -> Tokenizer:
     kept = [w for w, c in counts.items() if c >= min_count]
     kept.sort(key=lambda w: (-counts[w], w))
     return Tokenizer(vocab=SPECIALS + tuple(kept))
-
-
-def encode_all(tok: Tokenizer, captions: list[str],
-               max_len: int = MAX_LEN) -> tuple[list[np.ndarray], int]:
-    """Encode each caption (see Tokenizer.encode). Returns (list of (n_i,) int32 arrays,
-    number of captions that were truncated to max_len)."""
-    seqs, n_truncated = [], 0
-    for caption in captions:
-        ids, truncated = tok.encode(caption, max_len)
-        seqs.append(ids)
-        n_truncated += truncated
-    return seqs, n_truncated
 
 
 def pad_batch(seqs: list[np.ndarray]) -> np.ndarray:

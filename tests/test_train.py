@@ -97,7 +97,7 @@ def few_captions_world(tmp_path_factory):
 
 
 def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, tmp_path):
-    from minialign.data import load_coco_captions
+    from minialign.machinery.monitor import load_coco_captions
     from minialign.machinery.embeddings import load_embeddings
     from minialign.machinery.evaluate import evaluate_run, load_caption_slots
     path, embeddings = few_captions_world

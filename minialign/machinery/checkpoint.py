@@ -238,8 +238,11 @@ def rewind_run_dir(out, meta, cfg):
 
 
 def resume_run(out, cfg, params, state, rngs):
-    """Continue a stopped run: load its checkpoint into params, state and rngs (in place) and
-    cut its files back to that step (rewind_run_dir). Returns (kept metrics dict, checkpoint
-    meta: step, seconds, ...)."""
+    """Continue a stopped run: load its checkpoint into params, state and rngs (in place), cut
+    its files back to that step (rewind_run_dir), say so. Returns (kept metrics dict, the
+    checkpoint's step, its run seconds so far)."""
     meta = load_checkpoint(out, params, state, rngs)
-    return rewind_run_dir(out, meta, cfg), meta
+    metrics = rewind_run_dir(out, meta, cfg)
+    print(f"[{cfg.objective}] {out}: resuming from the checkpoint at step {meta['step']}",
+          flush=True)
+    return metrics, meta["step"], meta["seconds"]

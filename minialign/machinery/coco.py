@@ -158,7 +158,7 @@ def subset_path(root="coco", num_photos=10000, seed=0):
 def eligible_photos(coco):
     """The "images" records of a parsed COCO captions dict that have >= MIN_CAPTIONS
     annotations, at least 2 of them distinct after cleaning (tokenizer.clean_caption, with a
-    word), so that data.load_coco_captions keeps each of them. Sorted by id."""
+    word), so that monitor.load_coco_captions keeps each of them. Sorted by id."""
     by_photo = {}
     for ann in coco["annotations"]:
         by_photo.setdefault(ann["image_id"], []).append(ann["caption"])
