@@ -68,10 +68,9 @@ class Batch:
 
 def tokenize_photos(captions, photo_idx: np.ndarray, tok: Tokenizer,
                     max_len: int = MAX_LEN) -> tuple[CaptionTable, int]:
-    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split), where
-    captions is what monitor.load_coco_captions returns (.captions: a tuple per photo).
-    Returns (table, number of captions truncated to max_len). Raises ValueError if photo_idx
-    is not 1-D, empty, repeats a photo, or is out of range."""
+    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split; captions:
+    a monitor.Captions). Returns (table, number of captions truncated to max_len). Raises
+    ValueError if photo_idx is not 1-D, empty, repeats a photo, or is out of range."""
     photo_idx = np.array(photo_idx, dtype=np.int64)  # a copy: it is made read-only below
     P = len(captions.captions)
     if photo_idx.ndim != 1 or len(photo_idx) == 0:

@@ -1,5 +1,6 @@
 """Evaluation metrics. Text side: recall_at_k, paraphrase_r_at_1, collapse_stats. Alignment
-with frozen DINOv2 embeddings of the same photos: mutual_knn, fit_rotation, procrustes_recall.
+with frozen DINOv2 embeddings of the same photos: mutual_knn, fit_rotation, and caption ->
+image R@k after a rotation fitted on the train photos (fit_procrustes, then rotated_recall).
 
 Sizes: N samples (photos), D caption-embedding width, D_img image-embedding width (768 for
 DINOv2-base), K neighbours. Every metric computes in float64, and every sort is
@@ -52,13 +53,12 @@ def cosine_similarity(a, b):
 
 def recall_at_k(sim, ks=DEFAULT_KS):
     """Recall@k for retrieval where the correct gallery item of query i is gallery item i.
-    sim: (N_query, N_gallery) float, higher = more similar, N_query <= N_gallery.
-    Rank of query i (0 = retrieved first) = #{j : sim[i, j] > sim[i, i]}
-        + #{j < i : sim[i, j] == sim[i, i]}, i.e. tied items go first when their index is lower,
-    the same rule as np.argmax (first occurrence) and a stable sort of -sim[i].
-    ks: positive ints. Returns {"R@k": fraction of queries with rank < k} for each k, floats in
-    [0, 1] (chance ~ k / N_gallery; 1.0 whenever k >= N_gallery).
-    Raises ValueError for a non-2-D or non-finite sim, N_query > N_gallery, or a k < 1."""
+    sim: (N_query, N_gallery) float, higher = more similar, N_query <= N_gallery. Rank of query
+    i (0 = first) = #{j : sim[i, j] > sim[i, i]} + #{j < i : sim[i, j] == sim[i, i]}: ties go
+    to the lower index, as np.argmax and a stable sort of -sim[i]. ks: positive ints.
+    Returns {"R@k": fraction of queries with rank < k} for each k, floats in [0, 1] (chance ~
+    k / N_gallery). Raises ValueError for a non-2-D or non-finite sim, N_query > N_gallery,
+    or a k < 1."""
     sim = _check_matrix(sim, "sim")                                           # (Nq, Ng)
     n_query, n_gallery = sim.shape
     if n_query > n_gallery:
@@ -76,9 +76,8 @@ def recall_at_k(sim, ks=DEFAULT_KS):
 def paraphrase_r_at_1(z_query, z_gallery):
     """Paraphrase retrieval R@1: does a caption find another caption of its own photo?
     z_query, z_gallery: (N, D) caption embeddings; row i of each is a DIFFERENT caption of
-    photo i. Cosine similarity; ties go to the lower index (recall_at_k).
-    Returns a float in [0, 1], the fraction of queries whose most similar gallery row is row i
-    (chance 1 / N). Raises ValueError for mismatched shapes (and as cosine_similarity)."""
+    photo i. Returns the fraction of queries whose most cosine-similar gallery row is row i
+    (recall_at_k; chance 1 / N). Raises ValueError for mismatched shapes."""
     z_query, z_gallery = _check_matrix(z_query, "z_query"), _check_matrix(z_gallery, "z_gallery")
     if z_query.shape != z_gallery.shape:
         raise ValueError(f"z_query {z_query.shape} and z_gallery {z_gallery.shape} must match")
@@ -130,10 +129,9 @@ def knn_indices(x, k):
 def mutual_knn(A, B, k=MUTUAL_KNN_K):
     """Mutual k-NN alignment (Huh et al. 2024, "The Platonic Representation Hypothesis").
     A: (N, D_a), B: (N, D_b) float; row i of A and of B describe the same photo i (e.g. a
-    caption embedding and its DINOv2 image embedding). Rows are L2-normalised; each sample's k
-    nearest neighbours by cosine similarity are found WITHIN A and WITHIN B, itself excluded,
-    ties to the lower index. Returns a float in [0, 1]: mean_i |knn_A(i) & knn_B(i)| / k
-    (1 = same neighbourhoods; chance ~ k / (N - 1), 0.010 for k = 10, N = 1000).
+    caption embedding and its DINOv2 image embedding). Each sample's k nearest neighbours by
+    cosine similarity are found WITHIN A and WITHIN B (knn_indices). Returns a float in
+    [0, 1]: mean_i |knn_A(i) & knn_B(i)| / k (chance ~ k / (N - 1), 0.010 for k = 10, N = 1000).
     Note: the replication's prose describes a cross-modal nearest-neighbour match, which cannot
     be computed between a 256-d and a 768-d space without a map; this within-space definition
     is the one its chance level (0.010) matches.
@@ -185,14 +183,13 @@ def fit_rotation(z_text, img):
 
 
 def fit_procrustes(z_text_train, img_train):
-    """The rotation of procrustes_recall, fitted once: each space centred with its TRAIN mean
-    and L2-normalised (prepare_for_rotation), then fit_rotation. z_text_train: (N, D),
+    """Orthogonal Procrustes on the train photos' (caption, image) pairs: each space centred
+    with its TRAIN mean and L2-normalised (prepare_for_rotation), then fit_rotation. Fitted
+    once, it maps every test set (rotated_recall). z_text_train: (N, D),
     img_train: (N, D_img) float, row i = photo i, D <= D_img. Returns (W (D, D_img), text_mean
     (D,), img_mean (D_img,)), float64, for rotated_recall. Raises ValueError as fit_rotation."""
-    z_text_train = _check_matrix(z_text_train, "z_text_train")               # (N_train, D)
-    img_train = _check_matrix(img_train, "img_train")                        # (N_train, D_img)
-    text_mean = z_text_train.mean(axis=0)                                     # (D,)
-    img_mean = img_train.mean(axis=0)                                         # (D_img,)
+    text_mean = _check_matrix(z_text_train, "z_text_train").mean(axis=0)     # (D,)
+    img_mean = _check_matrix(img_train, "img_train").mean(axis=0)            # (D_img,)
     w = fit_rotation(prepare_for_rotation(z_text_train, text_mean),
                      prepare_for_rotation(img_train, img_mean))               # (D, D_img)
     return w, text_mean, img_mean
@@ -217,13 +214,3 @@ def rotated_recall(rotation, z_text_test, img_test, ks=DEFAULT_KS):
     mapped = prepare_for_rotation(z_text_test, text_mean) @ w                 # (N_test, D_img)
     sim = cosine_similarity(mapped, prepare_for_rotation(img_test, img_mean))  # (N_test, N_test)
     return recall_at_k(sim, ks=ks)
-
-
-def procrustes_recall(z_text_train, img_train, z_text_test, img_test, ks=DEFAULT_KS):
-    """Caption -> image retrieval after orthogonal Procrustes: W fitted on the train photos'
-    (caption, image) pairs (fit_procrustes), then rotated_recall on the test photos; fit once
-    and call rotated_recall to score several test sets. z_text_*: (N_*, D), img_*: (N_*,
-    D_img) float, D <= D_img. Returns {"R@k": float in [0, 1]} for k in ks (chance ~ k /
-    N_test). Raises ValueError as fit_rotation and rotated_recall."""
-    return rotated_recall(fit_procrustes(z_text_train, img_train), z_text_test, img_test, ks)
-

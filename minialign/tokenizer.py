@@ -26,7 +26,6 @@ MAX_LEN = 64  # tokens per caption including BOS and EOS; the longest val2017 ca
 # "_" as a letter; COCO captions have none, so we keep the simpler pattern.
 WORD_RE = re.compile(r"[\w']+|[^\w\s]")
 
-
 # Typographic apostrophes and quotes -> ASCII, so "dog’s" and "dog's" are one word.
 # U+2019 right single quote (the usual curly apostrophe), U+2018 left single quote,
 # U+02BC modifier letter apostrophe, U+2032 prime; U+201C / U+201D left / right double quote.
@@ -35,22 +34,14 @@ TO_ASCII_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\
 
 
 def clean_caption(s: str) -> str:
-    """The caption cleaning used everywhere (loader, vocabulary, encode, embed_captions):
-    lowercase; Unicode NFC normalisation (unicodedata), so "cafe\\u0301" (e + combining acute)
-    and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII (TO_ASCII_QUOTES);
-    every run of whitespace (spaces, tabs, newlines, no-break spaces) -> one space, none at
-    either end. Idempotent: clean_caption(clean_caption(s)) == clean_caption(s).
+    """The caption cleaning used everywhere: lowercase; Unicode NFC, so "cafe\\u0301" (e +
+    combining acute) and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII
+    (TO_ASCII_QUOTES); each run of whitespace -> one space, none at either end. Idempotent.
     "A Dog\\u2019s  bed\\n" -> "a dog's bed"; " \\n " -> "". Raises TypeError if s is not a str."""
     if not isinstance(s, str):
         raise TypeError(f"a caption must be a str, got {type(s).__name__}: {s!r}")
     s = unicodedata.normalize("NFC", s.lower())   # lower first: NFC of lowercase stays lowercase
     return " ".join(s.translate(TO_ASCII_QUOTES).split())
-
-
-def has_word(caption: str) -> bool:
-    """True if the caption holds at least one letter or digit (a word, not only punctuation).
-    "a dog." -> True; " . ", "", "?!" -> False. The loader drops captions without a word."""
-    return any(ch.isalnum() for ch in caption)
 
 
 def split_words(caption: str) -> list[str]:

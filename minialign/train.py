@@ -43,8 +43,7 @@ class TrainConfig:
     loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # masking rate, VICReg weights
 
     def __post_init__(self):
-        """Raises ValueError naming the field and its valid range (files.check_fields);
-        ModelConfig and ObjectiveConfig check theirs."""
+        """Raises ValueError naming the field and its valid range (files.check_fields)."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")
@@ -74,13 +73,12 @@ def train_step(params, state, batch, cfg, lr, rng_mask):
 
 def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     """Run one training run into the run directory `out`; return its final metrics dict.
-    resume: continue `out` from whatever stage stopped, or return the metrics of a finished run;
-    force: replace `out` if it holds a run and nothing else (checkpoint.open_run); progress: a
-    tqdm bar (True), plain lines (False) or by terminal (None); stop_after: return None after
-    this many steps, as if killed there (tests). Every input is checked before `out` is
-    touched, and `out` is locked while this runs. Raises FileNotFoundError / ValueError (bad
-    captions or config, or resuming another config), FileExistsError (a non-empty `out`
-    without force or resume), files.DirLockedError, rundir.Diverged (now or earlier)."""
+    resume: continue `out` from whatever stage stopped (a finished run: its metrics); force:
+    replace `out` if it holds a run and nothing else; progress: a tqdm bar (True), plain lines
+    (False), by terminal (None); stop_after: return None after this many steps, as if killed
+    (tests). Inputs are checked before `out` is touched, then `out` is locked. Raises
+    FileNotFoundError / ValueError (bad input, or resuming another config), FileExistsError,
+    files.DirLockedError, rundir.Diverged (checkpoint.open_run says when)."""
     if force and resume:
         raise ValueError("pass force (start over) or resume (continue), not both")
     out = Path(out)

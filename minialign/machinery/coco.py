@@ -25,7 +25,8 @@ import numpy as np
 
 from .embeddings import sha256_file
 from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
-from ..tokenizer import clean_caption, has_word
+from .monitor import has_word
+from ..tokenizer import clean_caption
 
 ANNOTATIONS_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
 ANNOTATIONS_ZIP = "annotations_trainval2017.zip"     # ~241 MB, saved under --root, then deleted

@@ -15,7 +15,7 @@ from ..data import split_photos, tokenize_photos
 from ..metrics import collapse_stats, paraphrase_r_at_1
 from ..model import encode, param_count
 from ..objectives import CAUSAL
-from ..tokenizer import build_tokenizer, clean_caption, has_word
+from ..tokenizer import build_tokenizer, clean_caption
 from .files import read_coco_json
 from .rundir import record_divergence, save_caption_embeddings, save_model, write_metrics
 
@@ -32,6 +32,12 @@ class Captions:
     image_ids: np.ndarray                   # (P,) int64 COCO image ids, sorted ascending
     captions: tuple[tuple[str, ...], ...]   # per photo: cleaned, distinct, >= 2, by annotation id
     stats: dict                             # counts of what was read, dropped and kept (ints)
+
+
+def has_word(caption: str) -> bool:
+    """True if the caption holds at least one letter or digit (a word, not only punctuation).
+    "a dog." -> True; " . ", "", "?!" -> False. The loader drops captions without a word."""
+    return any(ch.isalnum() for ch in caption)
 
 
 def load_coco_captions(path) -> Captions:
