@@ -116,7 +116,7 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     print_start(cfg, info)
 
     t_start = time.perf_counter() - seconds_before
-    with open_log(out) as log, Progress(cfg, first_step, progress) as shown:
+    with open_log(out) as log, Progress(cfg, first_step, progress) as screen:
         for step in range(first_step, cfg.steps):
             if stop_after is not None and step >= stop_after:   # as if killed here (tests)
                 return None
@@ -132,11 +132,11 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
             row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
                    "seconds": time.perf_counter() - t0}                   # wall time of this step
             append_line(log, json.dumps(row))
-            shown.step(step, loss, lr)
+            screen.step(step, loss, lr)
 
             # Evaluate: the val captions every eval_every steps (the last step's: finish below).
             if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                evaluate_val(params, cfg, data, out, step + 1, metrics, shown)
+                evaluate_val(params, cfg, data, out, step + 1, metrics, screen)
 
             # Checkpoint: what a resumed run needs, at every evaluation step and the last step.
             if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
