@@ -214,8 +214,8 @@ def test_fit_rotation_is_semi_orthogonal_on_noise_and_rejects_wide_text():
 
 def test_rotated_recall_unrelated_spaces_is_low():
     rng = np.random.default_rng(2)
-    r = rotated_recall(fit_procrustes(rng.standard_normal((300, 8)), rng.standard_normal((300, 16))),
-                       rng.standard_normal((200, 8)), rng.standard_normal((200, 16)))
+    rotation = fit_procrustes(rng.standard_normal((300, 8)), rng.standard_normal((300, 16)))
+    r = rotated_recall(rotation, rng.standard_normal((200, 8)), rng.standard_normal((200, 16)))
     assert r["R@1"] < 0.05 and r["R@10"] < 0.2
     with pytest.raises(ValueError, match="differ from train widths"):
         rotated_recall(fit_procrustes(rng.standard_normal((30, 8)), rng.standard_normal((30, 16))),

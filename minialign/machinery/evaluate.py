@@ -256,7 +256,7 @@ def check_embeddings_path(path, captions):
 def evaluate_runs(run_dirs, embeddings=None, as_json=False):
     """`python -m minialign evaluate`: evaluate every run directory of run_dirs (embeddings:
     the .npz path, or None for the text side only), store image alignment in each metrics.json,
-    print a summary (as_json: as JSON). Evaluate every --run, store image alignment in each metrics.json, print a summary.
+    print a summary (as_json: as JSON).
     Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
     --embeddings file that does not exist, ValueError for a bad run or a corrupt or
     mismatched embeddings file (one missing any val or test photo of a run); omitting
