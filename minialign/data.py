@@ -1,81 +1,20 @@
-"""COCO captions -> cleaned captions per photo -> train/val/test split -> token batches.
+"""Cleaned captions per photo -> train/val/test split -> token tables -> batches.
 
 A "good views" pair is two different human captions of the same photo, so everything here
 is organised by photo: photos are split (never captions), and a batch draws B distinct photos
-and two distinct captions of each.
+and two distinct captions of each. The captions come from monitor.load_coco_captions (each
+cleaned by tokenizer.clean_caption; empty and repeated ones dropped; photos with >= 2 kept).
 """
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .machinery.files import read_coco_json
-from .tokenizer import MAX_LEN, Tokenizer, clean_caption, encode_all, has_word, pad_batch
+from .tokenizer import MAX_LEN, Tokenizer, pad_batch
 
 SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
 MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
 SPLIT_DIVISOR = 5   # 5000 photos -> 3000/1000/1000, 10,000 -> 8000/1000/1000
 MIN_SPLIT = 3       # fewest photos any split may hold
-
-
-# eq=False on array-holding dataclasses: == on arrays has no single truth value.
-@dataclass(frozen=True, eq=False)
-class Captions:
-    """Cleaned captions of the photos kept from one COCO captions file."""
-    path: str
-    image_ids: np.ndarray                   # (P,) int64 COCO image ids, sorted ascending
-    captions: tuple[tuple[str, ...], ...]   # per photo: cleaned, distinct, >= 2, by annotation id
-    stats: dict                             # counts of what was read, dropped and kept (ints)
-
-
-def load_coco_captions(path) -> Captions:
-    """Read a COCO captions JSON (e.g. captions_val2017.json) into per-photo clean captions.
-    Captions are read in annotation-id order and cleaned (tokenizer.clean_caption: NFC,
-    ASCII quotes, single spaces, lowercase); captions left empty, or holding no word (no
-    letter or digit, e.g. " . ") are dropped, then repeats within a photo (first kept);
-    photos left with < 2 captions are dropped, so every kept photo has >= 2 captions.
-    Raises FileNotFoundError (missing file) or ValueError (not JSON, not COCO format, or no
-    photo with two distinct captions), each message starting with the path."""
-    path = Path(path)
-    data = read_coco_json(path)                 # checked: one-line errors naming the file
-    annotations = data["annotations"]
-
-    by_photo: dict[int, list[str]] = {}
-    n_empty = n_wordless = n_duplicate = 0
-    for ann in sorted(annotations, key=lambda a: a["id"]):  # stable: file order breaks ties
-        caption = clean_caption(ann["caption"])
-        photo = by_photo.setdefault(ann["image_id"], [])
-        if caption == "":
-            n_empty += 1
-        elif not has_word(caption):
-            n_wordless += 1
-        elif caption in photo:
-            n_duplicate += 1
-        else:
-            photo.append(caption)
-
-    kept_ids = sorted(i for i, caps in by_photo.items() if len(caps) >= 2)
-    if not kept_ids:
-        raise ValueError(f"{path}: no photo has two distinct captions with words")
-    listed = {img.get("id") for img in data.get("images", []) if isinstance(img, dict)}
-    stats = {
-        "raw_images": len(data.get("images", [])),        # entries of the 'images' list
-        "raw_annotations": len(annotations),              # captions in the file
-        "raw_photos": len(by_photo),                      # distinct image_id among annotations
-        "empty_captions_dropped": n_empty,                # nothing left after cleaning
-        "captions_without_words_dropped": n_wordless,     # not empty, but no letter or digit
-        "duplicate_captions_dropped": n_duplicate,        # repeats after cleaning, per photo
-        "photos_dropped_under_2_captions": len(by_photo) - len(kept_ids),
-        "photos_not_in_images": len(set(by_photo) - listed),  # kept anyway, if >= 2 captions
-        "images_without_captions": len(listed - set(by_photo)),
-        "photos": len(kept_ids),
-        "captions": sum(len(by_photo[i]) for i in kept_ids),
-        "max_captions_per_photo": max(len(by_photo[i]) for i in kept_ids),
-    }
-    image_ids = np.array(kept_ids, dtype=np.int64)        # (P,)
-    image_ids.setflags(write=False)
-    captions = tuple(tuple(by_photo[i]) for i in kept_ids)
-    return Captions(path=str(path), image_ids=image_ids, captions=captions, stats=stats)
 
 
 def split_photos(image_ids: np.ndarray, split_seed: int = SPLIT_SEED,
@@ -106,6 +45,7 @@ def split_photos(image_ids: np.ndarray, split_seed: int = SPLIT_SEED,
     }
 
 
+# eq=False on array-holding dataclasses: == on arrays has no single truth value.
 @dataclass(frozen=True, eq=False)
 class CaptionTable:
     """Token ids of every caption of some photos, in one padded array for fast batching.
@@ -126,19 +66,19 @@ class Batch:
     tokens_b: np.ndarray   # (B, T) int32 a different caption of the same photo
 
 
-def tokenize_photos(captions: Captions, photo_idx: np.ndarray, tok: Tokenizer,
+def tokenize_photos(captions, photo_idx: np.ndarray, tok: Tokenizer,
                     max_len: int = MAX_LEN) -> tuple[CaptionTable, int]:
-    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split).
-    Returns (table, number of captions truncated to max_len). Raises ValueError if photo_idx
-    is not 1-D, empty, repeats a photo, or is out of range."""
+    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split; captions:
+    a monitor.Captions). Returns (table, number of captions truncated to max_len). Raises
+    ValueError if photo_idx is not 1-D, empty, repeats a photo, or is out of range."""
     photo_idx = np.array(photo_idx, dtype=np.int64)  # a copy: it is made read-only below
     P = len(captions.captions)
     if photo_idx.ndim != 1 or len(photo_idx) == 0:
         raise ValueError(f"photo_idx must be a non-empty 1-D array, got shape {photo_idx.shape}")
     if photo_idx.min() < 0 or photo_idx.max() >= P or len(np.unique(photo_idx)) != len(photo_idx):
         raise ValueError(f"photo_idx must be distinct indices in [0, {P})")
-    texts = [c for p in photo_idx for c in captions.captions[p]]
-    seqs, n_truncated = encode_all(tok, texts, max_len)
+    encoded = [tok.encode(c, max_len) for p in photo_idx for c in captions.captions[p]]
+    seqs, n_truncated = [ids for ids, _ in encoded], sum(cut for _, cut in encoded)
     counts = np.array([len(captions.captions[p]) for p in photo_idx], dtype=np.int64)  # (P_t,)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)         # (P_t,)
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)                        # (n,)
@@ -170,17 +110,3 @@ def sample_batch(table: CaptionTable, batch_photos: int, rng: np.random.Generato
                  tokens_a=table.tokens[rows_a, :T],                            # (B, T)
                  tokens_b=table.tokens[rows_b, :T])                            # (B, T)
 
-
-def eval_tokens(table: CaptionTable, slot: int) -> tuple[np.ndarray, np.ndarray]:
-    """The caption in slot `slot` (0-based, Captions order) of every table photo that has
-    more than `slot` captions. Returns (tokens (B, T) int32 padded to the longest of them,
-    photos (B,) int64 table photo indices, ascending). Raises ValueError if slot < 0 or no
-    photo has that many captions."""
-    if slot < 0:
-        raise ValueError(f"slot must be >= 0, got {slot}")
-    photos = np.flatnonzero(table.counts > slot).astype(np.int64)  # (B,)
-    if len(photos) == 0:
-        raise ValueError(f"no photo has more than {slot} captions")
-    rows = table.offsets[photos] + slot                            # (B,)
-    T = int(table.lengths[rows].max())
-    return table.tokens[rows, :T], photos                          # (B, T), (B,)

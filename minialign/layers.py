@@ -9,14 +9,13 @@ Sizes used in shape comments throughout minialign:
     Bg captions in one attention group, Tg its longest caption, n_g its real tokens
 
 Every `*_forward` returns `(y, cache)`; the matching `*_backward(dy, cache)` returns the
-gradients of the forward's float-array arguments, in the forward's argument order (masks and
-attention biases are constants and get none). A cache is a plain tuple the caller holds, so one
-layer can run twice (two views) before any backward. Layers never cast: float64 in the gradient
-checks, float32 in training. No layer writes into its `dy` or its cache.
+gradients of the forward's float-array arguments, in their order (masks and attention biases
+are constants and get none). A cache is a plain tuple the caller holds, so one layer can run
+twice (two views) before any backward. Layers never cast (float64 in the gradient checks,
+float32 in training) and never write into their `dy` or cache.
 
-This module is what the docstrings explain and the gradient checks test. The model runs the
-packed, length-grouped attention and the fused GELU of fast_layers.py, each checked against
-its reference here (tests/test_fast_layers.py); every other layer it runs is this module's.
+This module is the reference. The model runs the packed, length-grouped attention and the
+fused GELU of fast_layers.py, each tested against it; every other layer it runs is this one's.
 """
 import math
 

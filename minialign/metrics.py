@@ -1,12 +1,10 @@
-"""Evaluation metrics: caption retrieval, collapse diagnostics, and text-image alignment.
+"""Evaluation metrics. Text side: recall_at_k, paraphrase_r_at_1, collapse_stats. Alignment
+with frozen DINOv2 embeddings of the same photos: mutual_knn, fit_rotation, and caption ->
+image R@k after a rotation fitted on the train photos (fit_procrustes, then rotated_recall).
 
 Sizes: N samples (photos), D caption-embedding width, D_img image-embedding width (768 for
-DINOv2-base), K neighbours. Every metric casts its inputs to float64 first (float32 embeddings
-in, float64 arithmetic), and every sort is `kind="stable"`, so ties always go to the lower index.
-
-Text side: recall_at_k, paraphrase_r_at_1, collapse_stats, text_metrics (one split's).
-Image alignment (frozen DINOv2 embeddings of the same photos): mutual_knn, fit_rotation,
-fit_procrustes / rotated_recall (one fit, many test sets), procrustes_recall.
+DINOv2-base), K neighbours. Every metric computes in float64, and every sort is
+`kind="stable"`, so ties always go to the lower index.
 """
 import numpy as np
 
@@ -55,13 +53,12 @@ def cosine_similarity(a, b):
 
 def recall_at_k(sim, ks=DEFAULT_KS):
     """Recall@k for retrieval where the correct gallery item of query i is gallery item i.
-    sim: (N_query, N_gallery) float, higher = more similar, N_query <= N_gallery.
-    Rank of query i (0 = retrieved first) = #{j : sim[i, j] > sim[i, i]}
-        + #{j < i : sim[i, j] == sim[i, i]}, i.e. tied items go first when their index is lower,
-    the same rule as np.argmax (first occurrence) and a stable sort of -sim[i].
-    ks: positive ints. Returns {"R@k": fraction of queries with rank < k} for each k, floats in
-    [0, 1] (chance ~ k / N_gallery; 1.0 whenever k >= N_gallery).
-    Raises ValueError for a non-2-D or non-finite sim, N_query > N_gallery, or a k < 1."""
+    sim: (N_query, N_gallery) float, higher = more similar, N_query <= N_gallery. Rank of query
+    i (0 = first) = #{j : sim[i, j] > sim[i, i]} + #{j < i : sim[i, j] == sim[i, i]}: ties go
+    to the lower index, as np.argmax and a stable sort of -sim[i]. ks: positive ints.
+    Returns {"R@k": fraction of queries with rank < k} for each k, floats in [0, 1] (chance ~
+    k / N_gallery). Raises ValueError for a non-2-D or non-finite sim, N_query > N_gallery,
+    or a k < 1."""
     sim = _check_matrix(sim, "sim")                                           # (Nq, Ng)
     n_query, n_gallery = sim.shape
     if n_query > n_gallery:
@@ -79,9 +76,8 @@ def recall_at_k(sim, ks=DEFAULT_KS):
 def paraphrase_r_at_1(z_query, z_gallery):
     """Paraphrase retrieval R@1: does a caption find another caption of its own photo?
     z_query, z_gallery: (N, D) caption embeddings; row i of each is a DIFFERENT caption of
-    photo i. Cosine similarity; ties go to the lower index (recall_at_k).
-    Returns a float in [0, 1], the fraction of queries whose most similar gallery row is row i
-    (chance 1 / N). Raises ValueError for mismatched shapes (and as cosine_similarity)."""
+    photo i. Returns the fraction of queries whose most cosine-similar gallery row is row i
+    (recall_at_k; chance 1 / N). Raises ValueError for mismatched shapes."""
     z_query, z_gallery = _check_matrix(z_query, "z_query"), _check_matrix(z_gallery, "z_gallery")
     if z_query.shape != z_gallery.shape:
         raise ValueError(f"z_query {z_query.shape} and z_gallery {z_gallery.shape} must match")
@@ -90,22 +86,16 @@ def paraphrase_r_at_1(z_query, z_gallery):
 
 
 def collapse_stats(z):
-    """Collapse diagnostics of caption embeddings, computed on L2-normalised rows.
-    z: (N, D) float. Returns a dict:
-      "std": float, mean over the D dimensions of the per-dimension (population, ddof=0) std of
-          the unit rows. 0 = full collapse (every caption maps to one direction); ~1 / sqrt(D)
-          for isotropic unit vectors (the collapse diagnostic of SimSiam, Chen & He 2021).
-      "collapse_std_threshold": float, COLLAPSE_STD_FRACTION / sqrt(D).
-      "collapsed": bool, std < collapse_std_threshold (the verdict; see COLLAPSE_STD_FRACTION).
-          Effective rank alone can look healthy on a collapsed run: centring keeps the
-          directions of the tiny residual spread, whatever their scale.
-      "effective_rank": exp(H(p)), p_i = s_i / sum_j s_j over the singular values s of the
-          CENTRED unit rows (Roy & Vetterli 2007, "The effective rank: a measure of effective
-          dimensionality"; 0 log 0 = 0).
-          We centre so that the shared mean direction, which every anisotropic embedding has,
-          does not count as a dimension of variation. Range [1, min(N - 1, D)]; 1 when all rows
-          coincide (RMS distance to their mean < COLLAPSE_RMS_TOL), where p is undefined.
-    Raises ValueError for a zero, NaN or Inf row or a non-2-D z."""
+    """Collapse diagnostics of caption embeddings z: (N, D) float, on L2-normalised rows u:
+      "std": mean over dimensions of u's per-dimension std (ddof=0); 0 = every caption maps to
+          one direction, ~1 / sqrt(D) for isotropic unit vectors (SimSiam, Chen & He 2021);
+      "collapse_std_threshold": COLLAPSE_STD_FRACTION / sqrt(D); "collapsed": std below it
+          (the verdict: the effective rank of a collapsed run's tiny spread can look healthy);
+      "effective_rank": exp(H(p)), p_i = s_i / sum_j s_j over the singular values of the
+          CENTRED u (Roy & Vetterli 2007; 0 log 0 = 0), so the mean direction every embedding
+          shares is not a dimension; in [1, min(N - 1, D)], 1 if all rows coincide (RMS
+          distance to their mean < COLLAPSE_RMS_TOL). Raises ValueError for a zero or
+          non-finite row or a non-2-D z."""
     u = l2_normalize(z)                                                       # (N, D)
     std = float(np.mean(u.std(axis=0)))
     threshold = COLLAPSE_STD_FRACTION / np.sqrt(u.shape[1])
@@ -139,10 +129,9 @@ def knn_indices(x, k):
 def mutual_knn(A, B, k=MUTUAL_KNN_K):
     """Mutual k-NN alignment (Huh et al. 2024, "The Platonic Representation Hypothesis").
     A: (N, D_a), B: (N, D_b) float; row i of A and of B describe the same photo i (e.g. a
-    caption embedding and its DINOv2 image embedding). Rows are L2-normalised; each sample's k
-    nearest neighbours by cosine similarity are found WITHIN A and WITHIN B, itself excluded,
-    ties to the lower index. Returns a float in [0, 1]: mean_i |knn_A(i) & knn_B(i)| / k
-    (1 = same neighbourhoods; chance ~ k / (N - 1), 0.010 for k = 10, N = 1000).
+    caption embedding and its DINOv2 image embedding). Each sample's k nearest neighbours by
+    cosine similarity are found WITHIN A and WITHIN B (knn_indices). Returns a float in
+    [0, 1]: mean_i |knn_A(i) & knn_B(i)| / k (chance ~ k / (N - 1), 0.010 for k = 10, N = 1000).
     Note: the replication's prose describes a cross-modal nearest-neighbour match, which cannot
     be computed between a 256-d and a 768-d space without a map; this within-space definition
     is the one its chance level (0.010) matches.
@@ -151,9 +140,7 @@ def mutual_knn(A, B, k=MUTUAL_KNN_K):
     if A.shape[0] != B.shape[0]:
         raise ValueError(f"A and B must have the same number of rows (samples), "
                          f"got {A.shape[0]} and {B.shape[0]}")
-    n = A.shape[0]
-    if not 1 <= k < n:
-        raise ValueError(f"k must satisfy 1 <= k < N = {n} (self is excluded), got k = {k}")
+    n = A.shape[0]                                          # knn_indices checks 1 <= k < n
     rows = np.arange(n)[:, None]                                              # (N, 1)
     in_knn_A = np.zeros((n, n), dtype=bool)                                   # (N, N)
     in_knn_A[rows, knn_indices(A, k)] = True
@@ -165,13 +152,11 @@ def mutual_knn(A, B, k=MUTUAL_KNN_K):
 
 def prepare_for_rotation(x, mean):
     """Centre with the TRAIN mean, then L2-normalise rows, before fitting or applying a rotation.
-    x: (N, D) float; mean: (D,) the mean of the training rows of the same space.
-    Procrustes assumes centred clouds: a rotation cannot move a mean offset (DINOv2 features
-    have a large one) onto the other space's offset. Normalising removes the norm differences
-    between the two spaces, so the fit matches directions, which is what cosine ranking uses.
-    The train mean is used for test rows too, so no test statistics leak into the fit.
-    Returns (N, D) float64 unit rows. Raises ValueError for a wrong-shape mean or a row equal to
-    the mean."""
+    x: (N, D) float; mean: (D,) the mean of the training rows of the same space (test rows
+    too: no test statistics leak into the fit). A rotation cannot move one cloud's mean offset
+    (DINOv2's is large) onto the other's; unit rows make the fit match directions, which is
+    what cosine ranking uses. Returns (N, D) float64 unit rows. Raises ValueError for a
+    wrong-shape mean or a row equal to the mean."""
     x = _check_matrix(x, "x")                                                 # (N, D)
     mean = np.asarray(mean, dtype=np.float64)                                 # (D,)
     if mean.shape != (x.shape[1],):
@@ -198,15 +183,13 @@ def fit_rotation(z_text, img):
 
 
 def fit_procrustes(z_text_train, img_train):
-    """The rotation of procrustes_recall, fitted once: centre each space with its TRAIN mean,
-    L2-normalise (prepare_for_rotation), fit W (fit_rotation).
-    z_text_train: (N, D), img_train: (N, D_img) float, row i = photo i, D <= D_img.
-    Returns (W (D, D_img), text_mean (D,), img_mean (D_img,)), float64: what apply_rotation
-    needs. Raises ValueError as fit_rotation."""
-    z_text_train = _check_matrix(z_text_train, "z_text_train")               # (N_train, D)
-    img_train = _check_matrix(img_train, "img_train")                        # (N_train, D_img)
-    text_mean = z_text_train.mean(axis=0)                                     # (D,)
-    img_mean = img_train.mean(axis=0)                                         # (D_img,)
+    """Orthogonal Procrustes on the train photos' (caption, image) pairs: each space centred
+    with its TRAIN mean and L2-normalised (prepare_for_rotation), then fit_rotation. Fitted
+    once, it maps every test set (rotated_recall). z_text_train: (N, D),
+    img_train: (N, D_img) float, row i = photo i, D <= D_img. Returns (W (D, D_img), text_mean
+    (D,), img_mean (D_img,)), float64, for rotated_recall. Raises ValueError as fit_rotation."""
+    text_mean = _check_matrix(z_text_train, "z_text_train").mean(axis=0)     # (D,)
+    img_mean = _check_matrix(img_train, "img_train").mean(axis=0)            # (D_img,)
     w = fit_rotation(prepare_for_rotation(z_text_train, text_mean),
                      prepare_for_rotation(img_train, img_mean))               # (D, D_img)
     return w, text_mean, img_mean
@@ -231,28 +214,3 @@ def rotated_recall(rotation, z_text_test, img_test, ks=DEFAULT_KS):
     mapped = prepare_for_rotation(z_text_test, text_mean) @ w                 # (N_test, D_img)
     sim = cosine_similarity(mapped, prepare_for_rotation(img_test, img_mean))  # (N_test, N_test)
     return recall_at_k(sim, ks=ks)
-
-
-def procrustes_recall(z_text_train, img_train, z_text_test, img_test, ks=DEFAULT_KS):
-    """Caption -> image retrieval after a fitted rotation (orthogonal Procrustes).
-    Fit W on train photos (caption, image) pairs, map test captions z W, rank all test images
-    by cosine similarity; the correct image of test caption i is test image i.
-    z_text_*: (N_*, D), img_*: (N_*, D_img) float, D <= D_img. Each space is centred with its
-    own TRAIN mean and L2-normalised (prepare_for_rotation).
-    Returns {"R@k": float in [0, 1]} for k in ks (chance ~ k / N_test). Raises ValueError as
-    fit_rotation and recall_at_k, or for mismatched widths or row counts.
-    To score several test sets against one fit, call fit_procrustes once, then rotated_recall."""
-    return rotated_recall(fit_procrustes(z_text_train, img_train), z_text_test, img_test, ks)
-
-
-def text_metrics(slots):
-    """Text-side metrics of one split. slots: {s: (photos (P_s,), z (P_s, D))}, caption slot s
-    of each photo (monitor.embed_split, or a saved captions file), with slots 0 and 1 holding
-    every photo. Returns a dict: "paraphrase_R@1" (slot-0 caption as query, slot-1 caption of
-    every photo as gallery), "chance" (1 / P), "caption_slots" (how many slots were embedded),
-    and collapse_stats of the slot-0 embeddings ("std", "effective_rank", "collapsed",
-    "collapse_std_threshold")."""
-    (p0, z0), (p1, z1) = slots[0], slots[1]
-    assert np.array_equal(p0, p1), "every photo has at least two captions"
-    return {"paraphrase_R@1": paraphrase_r_at_1(z0, z1), "chance": 1.0 / len(p0),
-            "caption_slots": len(slots), **collapse_stats(z0)}

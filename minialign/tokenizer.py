@@ -1,14 +1,10 @@
 """Word-level tokenizer: caption text <-> int32 token ids, and the one caption cleaning.
 
-Cleaning (clean_caption) happens in exactly one function, defined here and applied on every
-path from text to tokens: the loader cleans each caption once (data.load_coco_captions), and
-build_tokenizer and Tokenizer.encode clean again (it is idempotent), so raw text passed to
-encoder.embed_captions tokenizes exactly like the training captions.
-
-Every caption becomes [BOS, w1, ..., wn, EOS]; batches are padded with PAD at the end.
-The vocabulary is built from the TRAINING captions only, so validation and test words the
-model never saw map to UNK. It is saved next to the model weights in the same .npz, as a
-unicode array (no pickle).
+clean_caption is the only cleaning, applied on every path from text to tokens (the loader,
+build_tokenizer, Tokenizer.encode; it is idempotent), so raw text given to
+encoder.embed_captions tokenizes exactly like the training captions. Every caption becomes
+[BOS, w1, ..., wn, EOS], padded with PAD at the end. The vocabulary comes from the TRAINING
+captions only, so words seen only in val or test map to UNK.
 """
 import re
 import unicodedata
@@ -30,7 +26,6 @@ MAX_LEN = 64  # tokens per caption including BOS and EOS; the longest val2017 ca
 # "_" as a letter; COCO captions have none, so we keep the simpler pattern.
 WORD_RE = re.compile(r"[\w']+|[^\w\s]")
 
-
 # Typographic apostrophes and quotes -> ASCII, so "dog’s" and "dog's" are one word.
 # U+2019 right single quote (the usual curly apostrophe), U+2018 left single quote,
 # U+02BC modifier letter apostrophe, U+2032 prime; U+201C / U+201D left / right double quote.
@@ -39,22 +34,14 @@ TO_ASCII_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\
 
 
 def clean_caption(s: str) -> str:
-    """The caption cleaning used everywhere (loader, vocabulary, encode, embed_captions):
-    lowercase; Unicode NFC normalisation (unicodedata), so "cafe\\u0301" (e + combining acute)
-    and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII (TO_ASCII_QUOTES);
-    every run of whitespace (spaces, tabs, newlines, no-break spaces) -> one space, none at
-    either end. Idempotent: clean_caption(clean_caption(s)) == clean_caption(s).
+    """The caption cleaning used everywhere: lowercase; Unicode NFC, so "cafe\\u0301" (e +
+    combining acute) and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII
+    (TO_ASCII_QUOTES); each run of whitespace -> one space, none at either end. Idempotent.
     "A Dog\\u2019s  bed\\n" -> "a dog's bed"; " \\n " -> "". Raises TypeError if s is not a str."""
     if not isinstance(s, str):
         raise TypeError(f"a caption must be a str, got {type(s).__name__}: {s!r}")
     s = unicodedata.normalize("NFC", s.lower())   # lower first: NFC of lowercase stays lowercase
     return " ".join(s.translate(TO_ASCII_QUOTES).split())
-
-
-def has_word(caption: str) -> bool:
-    """True if the caption holds at least one letter or digit (a word, not only punctuation).
-    "a dog." -> True; " . ", "", "?!" -> False. The loader drops captions without a word."""
-    return any(ch.isalnum() for ch in caption)
 
 
 def split_words(caption: str) -> list[str]:
@@ -78,9 +65,6 @@ class Tokenizer:
             dups = sorted(w for w, c in Counter(self.vocab).items() if c > 1)
             raise ValueError(f"vocab has repeated entries: {dups[:10]}")
         object.__setattr__(self, "index", index)  # frozen: set the derived field once
-
-    def __len__(self) -> int:
-        return len(self.vocab)
 
     @property
     def vocab_size(self) -> int:
@@ -127,18 +111,6 @@ def build_tokenizer(captions: list[str], min_count: int = 1) -> Tokenizer:
     kept = [w for w, c in counts.items() if c >= min_count]
     kept.sort(key=lambda w: (-counts[w], w))
     return Tokenizer(vocab=SPECIALS + tuple(kept))
-
-
-def encode_all(tok: Tokenizer, captions: list[str],
-               max_len: int = MAX_LEN) -> tuple[list[np.ndarray], int]:
-    """Encode each caption (see Tokenizer.encode). Returns (list of (n_i,) int32 arrays,
-    number of captions that were truncated to max_len)."""
-    seqs, n_truncated = [], 0
-    for caption in captions:
-        ids, truncated = tok.encode(caption, max_len)
-        seqs.append(ids)
-        n_truncated += truncated
-    return seqs, n_truncated
 
 
 def pad_batch(seqs: list[np.ndarray]) -> np.ndarray:

@@ -14,7 +14,8 @@ import pytest
 
 from minialign.machinery import coco, export
 from minialign.__main__ import main
-from minialign.data import load_coco_captions, split_photos
+from minialign.data import split_photos
+from minialign.machinery.monitor import load_coco_captions
 
 WORDS = np.array([f"word{i}" for i in range(400)])  # made-up vocabulary
 N_PHOTOS, N_FEW = 30_000, 100                        # photos with 5-7 captions; with 4

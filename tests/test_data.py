@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from conftest import REAL_CAPTIONS
 
-from minialign.data import (SPLIT_SEED, Captions, clean_caption, eval_tokens,
-                            load_coco_captions, sample_batch, split_photos, tokenize_photos)
-from minialign.tokenizer import EOS, MAX_LEN, PAD, build_tokenizer, encode_all, split_words
+from minialign.data import SPLIT_SEED, sample_batch, split_photos, tokenize_photos
+from minialign.machinery.monitor import Captions, eval_tokens, load_coco_captions
+from minialign.tokenizer import EOS, MAX_LEN, PAD, build_tokenizer, clean_caption, split_words
 
 COCO_VAL = REAL_CAPTIONS
 TEST_FIRST_IDS = [139, 632, 785]    # smallest COCO ids in the val2017 test split (SPLIT_SEED)
@@ -295,6 +295,7 @@ def test_real_file_tokenizer(coco):
     split = split_photos(coco.image_ids)
     train_text = [c for p in split["train"] for c in coco.captions[p]]
     tok = build_tokenizer(train_text)
-    assert len(tok) == 5814 and len(build_tokenizer(train_text, min_count=2)) == 3388
-    seqs, n_truncated = encode_all(tok, [c for cs in coco.captions for c in cs], MAX_LEN)
+    assert tok.vocab_size == 5814 and build_tokenizer(train_text, min_count=2).vocab_size == 3388
+    encoded = [tok.encode(c, MAX_LEN) for cs in coco.captions for c in cs]
+    seqs, n_truncated = [ids for ids, _ in encoded], sum(cut for _, cut in encoded)
     assert n_truncated == 0 and max(len(s) for s in seqs) == 56

@@ -2,11 +2,11 @@
 level in LEVELS, so no import circle can form (the replicate <-> report circle of #10 would
 fail here), and the core never reaches up into the machinery that runs it.
 
-Three core modules import from machinery/, and may because those modules sit low: model
-imports machinery.fast_layers (the packed attention path; it imports only layers); data
-imports machinery.files (the COCO JSON reader; numpy only); train imports machinery.rundir,
-machinery.checkpoint, machinery.files and machinery.monitor (training writes a run directory,
-evaluates and prints its progress; they import only numpy and the core below train).
+Two core modules import from machinery/, and may because those modules sit low: model
+imports machinery.fast_layers (the packed attention path; it imports only layers); train
+imports machinery.rundir, machinery.checkpoint, machinery.files and machinery.monitor
+(training reads its captions, writes a run directory, evaluates and prints its progress;
+they import only numpy, tqdm and the core below train).
 
 Parsed, not executed: every `import minialign.x`, `from minialign.x import y`, `from . import
 x`, `from .x import y` and `from ..x import y` anywhere in a file, function bodies included.

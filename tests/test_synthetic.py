@@ -177,7 +177,7 @@ def test_default_world_size():
 
 def test_files_load_with_the_real_loaders(tmp_path):
     """The synthetic files pass the same readers as COCO + DINOv2 files."""
-    from minialign.data import load_coco_captions
+    from minialign.machinery.monitor import load_coco_captions
     from minialign.machinery.embeddings import join_on_ids, load_embeddings
     captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=0)
     captions = load_coco_captions(captions_path)

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
+from minialign.machinery.monitor import has_word
 from minialign.machinery.rundir import tokenizer_from_arrays, tokenizer_to_arrays
 from minialign.tokenizer import (BOS, EOS, MASK, MAX_LEN, PAD, SPECIALS, UNK, Tokenizer,
-                                build_tokenizer, clean_caption, encode_all, has_word, pad_batch,
-                                split_words)
+                                build_tokenizer, clean_caption, pad_batch, split_words)
 
 CORPUS = ["a dog runs.", "a cat, a dog.", "the dog's ball"]
 # counts: a 3; "." 2, dog 2; ",", ball, cat, dog's, runs, the 1 ("," < "." < letters in ASCII)
@@ -29,7 +29,7 @@ def test_build_tokenizer_exact_vocab():
     assert build_tokenizer(CORPUS).vocab == SPECIALS + WORDS_MIN1
     assert build_tokenizer(CORPUS, min_count=2).vocab == SPECIALS + WORDS_MIN2
     tok = build_tokenizer(CORPUS)
-    assert len(tok) == tok.vocab_size == 14
+    assert len(tok.vocab) == tok.vocab_size == 14
     assert tok.index["a"] == 5 and tok.index["the"] == 13
     # the same words in another caption order give the same vocabulary
     assert build_tokenizer(CORPUS[::-1]).vocab == tok.vocab
@@ -90,8 +90,8 @@ def test_truncation_keeps_first_tokens_and_ends_with_eos():
     assert not truncated and ids.tolist() == [BOS, 5, 7, 12, 6, 5, 10, EOS]
     with pytest.raises(ValueError, match="max_len"):
         tok.encode(caption, max_len=1)
-    seqs, n_truncated = encode_all(tok, [caption, "a dog", caption], max_len=6)
-    assert n_truncated == 2 and [len(s) for s in seqs] == [6, 4, 6]
+    encoded = [tok.encode(c, max_len=6) for c in (caption, "a dog", caption)]
+    assert [(len(ids), cut) for ids, cut in encoded] == [(6, True), (4, False), (6, True)]
 
 
 def test_pad_batch_pads_to_longest_in_batch():
@@ -105,7 +105,7 @@ def test_pad_batch_pads_to_longest_in_batch():
 def test_save_load_round_trip_through_npz(tmp_path):
     tok = build_tokenizer(CORPUS + ["un café crème"])
     path = tmp_path / "ckpt.npz"
-    np.savez(path, tok_emb=np.zeros((len(tok), 2), np.float32), **tokenizer_to_arrays(tok))
+    np.savez(path, tok_emb=np.zeros((tok.vocab_size, 2), np.float32), **tokenizer_to_arrays(tok))
     with np.load(path, allow_pickle=False) as arrays:
         loaded = tokenizer_from_arrays(arrays)
         assert sorted(arrays.files) == ["tok_emb", "tokenizer.vocab"]

@@ -97,7 +97,7 @@ def few_captions_world(tmp_path_factory):
 
 
 def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, tmp_path):
-    from minialign.data import load_coco_captions
+    from minialign.machinery.monitor import load_coco_captions
     from minialign.machinery.embeddings import load_embeddings
     from minialign.machinery.evaluate import evaluate_run, load_caption_slots
     path, embeddings = few_captions_world
@@ -152,7 +152,7 @@ def test_embed_captions_cleans_raw_text_like_training(few_captions_world, tmp_pa
 
 
 def test_prepare_split_error_names_the_file(tmp_path):
-    from minialign.train import prepare
+    from minialign.machinery.monitor import prepare
     path = tmp_path / "eleven.json"
     path.write_text(json.dumps({"annotations": [
         {"id": 2 * p + k, "image_id": p, "caption": f"photo {p} caption {k}"}
@@ -221,7 +221,8 @@ def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):
     from minialign.model import init_params
     from minialign.objectives import OBJECTIVES
     from minialign.optim import adam_init, adam_step, clip_grad_norm
-    from minialign.train import prepare, train_step
+    from minialign.machinery.monitor import prepare
+    from minialign.train import train_step
     cfg = TrainConfig(objective="bad_views", captions=str(world), batch_photos=16, model=SMALL)
     data = prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(

@@ -157,8 +157,9 @@ def open_run(out, cfg, force, resume, inputs=()):
 def save_checkpoint(out, step, params, state, rngs, log_bytes, seconds):
     """Everything a resumed run needs to continue bit-identically, in out/checkpoint.npz
     written under a temporary name and renamed: params/<name>, adam_m/<name>, adam_v/<name>
-    (float32), and "state", a 0-d string of JSON: step, Adam's t, bit_generator.state of each generator in
-    rngs {"data", "mask"}, log_bytes (length of log.jsonl at `step`), seconds trained so far."""
+    (float32), and "state", a 0-d string of JSON: step, Adam's t, bit_generator.state of each
+    generator in rngs {"data", "mask"}, log_bytes (length of log.jsonl at `step`), seconds
+    trained so far."""
     meta = {"step": step, "adam_t": state["t"], "log_bytes": log_bytes, "seconds": seconds,
             "rng": {name: rng.bit_generator.state for name, rng in rngs.items()}}
     arrays = {**{f"params/{k}": v for k, v in params.items()},
@@ -238,8 +239,11 @@ def rewind_run_dir(out, meta, cfg):
 
 
 def resume_run(out, cfg, params, state, rngs):
-    """Continue a stopped run: load its checkpoint into params, state and rngs (in place) and
-    cut its files back to that step (rewind_run_dir). Returns (kept metrics dict, checkpoint
-    meta: step, seconds, ...)."""
+    """Continue a stopped run: load its checkpoint into params, state and rngs (in place), cut
+    its files back to that step (rewind_run_dir), say so. Returns (kept metrics dict, the
+    checkpoint's step, its run seconds so far)."""
     meta = load_checkpoint(out, params, state, rngs)
-    return rewind_run_dir(out, meta, cfg), meta
+    metrics = rewind_run_dir(out, meta, cfg)
+    print(f"[{cfg.objective}] {out}: resuming from the checkpoint at step {meta['step']}",
+          flush=True)
+    return metrics, meta["step"], meta["seconds"]

@@ -25,7 +25,8 @@ import numpy as np
 
 from .embeddings import sha256_file
 from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
-from ..tokenizer import clean_caption, has_word
+from .monitor import has_word
+from ..tokenizer import clean_caption
 
 ANNOTATIONS_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
 ANNOTATIONS_ZIP = "annotations_trainval2017.zip"     # ~241 MB, saved under --root, then deleted
@@ -158,7 +159,7 @@ def subset_path(root="coco", num_photos=10000, seed=0):
 def eligible_photos(coco):
     """The "images" records of a parsed COCO captions dict that have >= MIN_CAPTIONS
     annotations, at least 2 of them distinct after cleaning (tokenizer.clean_caption, with a
-    word), so that data.load_coco_captions keeps each of them. Sorted by id."""
+    word), so that monitor.load_coco_captions keeps each of them. Sorted by id."""
     by_photo = {}
     for ann in coco["annotations"]:
         by_photo.setdefault(ann["image_id"], []).append(ann["caption"])

@@ -12,7 +12,7 @@ new metric never needs a new training run. For each saved step:
   test (final step):  mutual kNN@K, and caption -> image R@1/5/10 after an orthogonal
                       Procrustes rotation (Schoenemann 1966) fitted on the TRAIN photos
   both:               text-side metrics recomputed from the saved float16 embeddings
-                      (paraphrase R@1, collapse std, effective rank; metrics.text_metrics)
+                      (paraphrase R@1, collapse std, effective rank; monitor.text_metrics)
 
 Caption slots: every photo has >= 2 captions, slot s = its s-th caption. Image metrics are
 computed once per slot, on the photos that have ALL saved slots and an image embedding (the
@@ -35,8 +35,8 @@ import numpy as np
 
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
-from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall,
-                      text_metrics)
+from ..metrics import DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall
+from .monitor import text_metrics
 from .rundir import (caption_files, check_run_dir, load_caption_slots, read_metrics,
                      read_run_config, update_metrics)
 
@@ -256,7 +256,7 @@ def check_embeddings_path(path, captions):
 def evaluate_runs(run_dirs, embeddings=None, as_json=False):
     """`python -m minialign evaluate`: evaluate every run directory of run_dirs (embeddings:
     the .npz path, or None for the text side only), store image alignment in each metrics.json,
-    print a summary (as_json: as JSON). Evaluate every --run, store image alignment in each metrics.json, print a summary.
+    print a summary (as_json: as JSON).
     Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
     --embeddings file that does not exist, ValueError for a bad run or a corrupt or
     mismatched embeddings file (one missing any val or test photo of a run); omitting

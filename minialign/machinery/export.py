@@ -254,8 +254,8 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
 
 
 def run_export(captions, images, out, **options):
-    """`python -m minialign export`: export_embeddings(captions, images, out, **options); print the file's shape and its
-    sha256 line (the same line `sha256sum` prints). Returns 0."""
+    """`python -m minialign export`: export_embeddings(captions, images, out, **options); print
+    the file's shape and its sha256 line (the same line `sha256sum` prints). Returns 0."""
     emb = export_embeddings(captions, images, out, **options)
     print(f"wrote {emb.path}: {emb.meta['count']} photos x {emb.meta['dim']} "
           f"{emb.meta['dtype']}, {emb.meta['pooling']}")

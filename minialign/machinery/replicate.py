@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import train
-from ..data import load_coco_captions, split_photos
+from .monitor import load_coco_captions, split_photos
 from . import evaluate, report
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)

@@ -63,9 +63,10 @@ def upgrade_config(config):
 
 def read_run_config(run_dir):
     """The "config" dict of run_dir/config.json (TrainConfig's fields, as train wrote them, in
-    today's layout: upgrade_config): the one reader of that file. Raises FileNotFoundError / ValueError, one line starting
-    with the file: missing, empty, truncated, not a JSON object, written by a newer minialign
-    (check_run_format), or without a "config" object holding objective and seed."""
+    today's layout: upgrade_config): the one reader of that file. Raises FileNotFoundError /
+    ValueError, one line starting with the file: missing, empty, truncated, not a JSON object,
+    written by a newer minialign (check_run_format), or without a "config" object holding
+    objective and seed."""
     path = Path(run_dir) / CONFIG
     saved = read_json(path, "run config (config.json)")
     check_run_format(saved, path)
