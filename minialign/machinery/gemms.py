@@ -19,7 +19,8 @@ and once per step:
   VICReg          per view (two views of N = B2 / 2 captions): C = zc^T zc (D, N) @ (N, D)
                   and its gradient zc @ off (N, D) @ (D, D) (losses._covariance_term).
 Not products, so not listed: embeddings (a gather, a scatter-add), LayerNorm, GELU, softmax,
-the mean pool over each caption's rows (a segment mean), cross-entropy, clipping, AdamW.
+the mean pool over each caption's rows (a segment mean, O(n D) work, even where it is written
+as a product with a sparse (B2, n) matrix), cross-entropy, clipping, AdamW.
 """
 import time
 from typing import NamedTuple
