@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -165,3 +166,11 @@ def test_pair_child_times_the_saved_batch(tmp_path, capsys):
     assert (r["objective"], r["T"], r["real_tokens"], r["sequences"]) == ("good_views", 4, 14, 4)
     cfg = ModelConfig(vocab_size=12, max_len=8)                           # the default sizes
     assert r["gflop_per_step"] == pytest.approx(step_flops([4, 3, 3, 4], cfg) / 1e9)
+
+
+def test_pair_child_failure_is_one_line_naming_it():
+    with pytest.raises(ValueError, match=r"the torch_pair.py views process failed \(exit code 3\)"):
+        bench_torch.run_json([sys.executable, "-c", "import sys; sys.exit(3)"],
+                             "torch_pair.py views")
+    assert bench_torch.run_json([sys.executable, "-c", "print('x'); print('{\"a\": 1}')"],
+                                "child") == {"a": 1}

@@ -126,7 +126,8 @@ def pair_objective(name, args, cfg, folder):
     pairs = []
     for i in range(args.pairs):
         m = run_json(ours, f"minialign {name}")
-        t = run_json(theirs, f"torch_pair.py {KINDS[name][1]}")
+        t = run_json(theirs, f"torch_pair.py {KINDS[name][1]} (torch must import in "
+                             f"--torch-python {args.torch_python})")
         if (t["T"], t["real_tokens"]) != (m["T"], m["real_tokens"]):
             raise ValueError(f"torch_pair.py timed another batch: T={t['T']}, "
                              f"{t['real_tokens']} real tokens, not {m['T']}, {m['real_tokens']}")
