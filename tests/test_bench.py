@@ -1,5 +1,6 @@
-"""The benchmark's FLOP count against a hand count, and one tiny end-to-end run (no timing
-asserts: speed is what `python -m minialign bench` reports, not what the tests check)."""
+"""The benchmark's FLOP count (machinery/gemms.py) against hand counts, the replayed GEMMs'
+operands, one tiny end-to-end run, and bench_torch's checks and children (no timing asserts:
+speed is what `python -m minialign bench` reports, not what the tests check)."""
 import argparse
 import dataclasses
 import json
