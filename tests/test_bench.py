@@ -101,9 +101,10 @@ def test_run_bench_tiny_json(tmp_path, capsys):
     assert lines == results
     assert [r["objective"] for r in results] == list(OBJECTIVES)
     for r in results:
-        for key in KEYS[1:]:
+        for key in KEYS[1:-1]:
             assert math.isfinite(r[key]) and r[key] > 0, (r["objective"], key, r[key])
         assert r["steps"] == 1 and r["sequences"] == 8
+        # a difference of two timings: on a busy machine one slow replay can make it negative
         assert r["non_gemm_share"] == pytest.approx(1 - r["gemm_ms"] / r["ms_per_step"])
 
 
