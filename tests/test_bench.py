@@ -1,33 +1,80 @@
-"""The benchmark's FLOP count against a hand count, and one tiny end-to-end run (no timing
-asserts: speed is what `python -m minialign bench` reports, not what the tests check)."""
+"""The benchmark's FLOP count (machinery/gemms.py) against hand counts, the replayed GEMMs'
+operands, one tiny end-to-end run, and bench_torch's checks and children (no timing asserts:
+speed is what `python -m minialign bench` reports, not what the tests check)."""
 import argparse
+import dataclasses
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
 
-from minialign.machinery.bench import KEYS, step_flops, token_counts
+from minialign.machinery import bench_torch
+from minialign.machinery.bench import KEYS, token_counts
 from minialign.machinery.cli import add_bench_args, run_bench
+from minialign.machinery.fast_layers import attention_groups
+from minialign.machinery.gemms import attention_grids, gemm_calls, step_flops, step_gemms
 from minialign.model import ModelConfig
 from minialign.objectives import OBJECTIVES
 from minialign.tokenizer import BOS, EOS, PAD
 
+TINY = ModelConfig(vocab_size=10, d_model=4, n_layers=2, n_heads=2, mlp_ratio=2)  # F = 8
 
-def test_step_flops_hand_count():
+
+def test_token_counts_hand_count():
     # 2 sequences padded to T = 4: lengths 4 and 2 -> n = 6 real tokens; next-token targets:
     # positions 0-2 of the first, position 0 of the second -> n_t = 4
     tokens = np.array([[BOS, 7, 8, EOS], [BOS, EOS, PAD, PAD]])
     counts = token_counts("next_token", tokens)
+    assert counts.pop("lengths").tolist() == [4, 2]
     assert counts == {"n_tokens": 6, "n_seqs": 2, "T": 4, "n_targets": 4}
     assert token_counts("good_views", tokens)["n_targets"] == 0
-    cfg = ModelConfig(vocab_size=10, d_model=4, n_layers=2, n_heads=2, mlp_ratio=2)  # F = 8
-    # per block: 2 * 6 * (3*16 + 16 + 2*4*8) = 12 * 128 = 1536 per-token
-    #            + 4 * 2 * 4^2 * 4 = 512 attention                      -> 2048
-    # forward: 2 blocks * 2048 = 4096, + head 2 * 4 * 4 * 10 = 320      -> 4416
-    # step = forward + backward (2 x forward) = 3 * 4416 = 13248
-    assert step_flops(6, 2, 4, cfg, n_targets=4) == 13248
-    assert step_flops(6, 2, 4, cfg) == 3 * 4096
+
+
+def test_step_flops_hand_count_one_grid():
+    # lengths 4, 2: n = 6, one attention grid (Bg, Tg) = (2, 4), two views of N = 1 caption
+    # per block: 2 * 6 * (3*16 + 16 + 2*4*8) = 1536 linear + 4 * 4 * (2 * 4^2) = 512 attention
+    # blocks: 3 * 2 blocks * 2048 = 12288; VICReg: 2 views x 2 products x 2*4*1*4 = 128
+    # head on n_t = 4 rows: 3 * 2 * 4 * 4 * 10 = 960
+    assert step_flops([4, 2], TINY) == 12288 + 128
+    assert step_flops([4, 2], TINY, n_targets=4) == 12288 + 128 + 960
+
+
+def test_step_flops_hand_count_length_groups():
+    # lengths 5, 1, 3, 2 by length: captions 1, 3 | 2, 0 -> grids (2, 2) and (2, 5); n = 11
+    assert attention_grids([5, 1, 3, 2], group_size=2) == [(2, 2), (2, 5)]
+    # per block: 2 * 11 * 128 = 2816 linear + 4 * 4 * (2 * 2^2 + 2 * 5^2) = 928 attention
+    # blocks: 3 * 2 * (2816 + 928) = 22464; VICReg, N = 2: 4 * 2*4*2*4 = 256; head n_t = 7:
+    # 3 * 2*7*4*10 = 1680
+    assert step_flops([5, 1, 3, 2], TINY, n_targets=7, group_size=2) == 22464 + 256 + 1680
+    # one grid (4, 5), the padded layout: attention 4 * 4 * 4 * 25 = 1600 per block
+    assert step_flops([5, 1, 3, 2], TINY) == 3 * 2 * (2816 + 1600) + 256
+
+
+def test_attention_grids_match_fast_layers():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 20, size=150)                               # 150 ragged captions
+    mask = np.arange(lengths.max())[None, :] < lengths[:, None]           # (150, T)
+    groups = attention_groups(mask, False, np.float32)
+    assert [(g.Bg, g.Tg) for g in groups] == attention_grids(lengths)
+    assert len(groups) == 3                                               # ceil(150 / 64)
+
+
+def test_gemm_calls_shapes_counts_and_layouts():
+    gemms = step_gemms([5, 1, 3, 2], TINY, n_targets=7, group_size=2)
+    calls = gemm_calls(gemms, np.random.default_rng(0))
+    assert len(calls) == sum(g.count for g in gemms)
+    expanded = [g for g in gemms for _ in range(g.count)]
+    for g, (a, b, out) in zip(expanded, calls):
+        lead = () if g.batch == 1 else (g.batch,)
+        assert (a.shape, b.shape, out.shape) == (lead + (g.M, g.K), lead + (g.K, g.N),
+                                                 lead + (g.M, g.N)), g
+        assert a.swapaxes(-1, -2).flags.c_contiguous == g.a_t, g       # x.T: a transposed view
+        assert b.swapaxes(-1, -2).flags.c_contiguous == g.b_t, g
+        assert not np.shares_memory(out, a) and not np.shares_memory(out, b), g
+    assert sum(g.flops for g in gemms) == sum(2 * a.size // a.shape[-1] * a.shape[-1]
+                                              * b.shape[-1] for a, b, _ in calls)
 
 
 def tiny_coco(path, n_photos=20):
@@ -54,9 +101,11 @@ def test_run_bench_tiny_json(tmp_path, capsys):
     assert lines == results
     assert [r["objective"] for r in results] == list(OBJECTIVES)
     for r in results:
-        for key in KEYS[1:]:
+        for key in KEYS[1:-1]:
             assert math.isfinite(r[key]) and r[key] > 0, (r["objective"], key, r[key])
         assert r["steps"] == 1 and r["sequences"] == 8
+        # a difference of two timings: on a busy machine one slow replay can make it negative
+        assert r["non_gemm_share"] == pytest.approx(1 - r["gemm_ms"] / r["ms_per_step"])
 
 
 
@@ -72,3 +121,58 @@ def test_use_cores_sets_numpy_blas_threads_and_refuses_zero():
             machine.use_cores(0)
     finally:
         machine.use_cores(before)
+
+
+# ---------------------------------------------------------------- bench_torch
+def test_pairs_without_torch_pair_say_what_to_pass(capsys):
+    assert bench_torch.main(["--pairs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("minialign bench_torch: error: pass --torch-pair PATH/TO/torch_pair.py")
+    assert "\n" not in err
+
+
+def test_pairs_refuse_what_torch_pair_cannot_time(tmp_path):
+    args = bench_torch.parser().parse_args(["--torch-pair", str(tmp_path / "nope.py")])
+    cfg = bench_torch.config_from_args(args, bench_torch.TrainConfig())
+    with pytest.raises(FileNotFoundError, match="--torch-pair .*nope.py: no such file"):
+        bench_torch.check_pair_args(args, cfg)
+    args.torch_pair = str(tiny_coco(tmp_path / "torch_pair.py"))         # any existing file
+    small = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, d_model=128))
+    with pytest.raises(ValueError, match="--d-model 128: torch_step.py's model has d_model = 256"):
+        bench_torch.check_pair_args(args, small)
+    with pytest.raises(ValueError, match="--batch-photos 100: .* 512 captions"):
+        bench_torch.check_pair_args(args, dataclasses.replace(cfg, batch_photos=100))
+
+
+def test_pair_children_time_the_same_saved_batch(tmp_path):
+    args = bench_torch.parser().parse_args(["--torch-pair", "pair.py", "--threads", "1"])
+    cfg = dataclasses.replace(bench_torch.config_from_args(args, bench_torch.TrainConfig()),
+                              model=dataclasses.replace(TINY, vocab_size=5814))
+    ours, theirs = bench_torch.side_argvs("next_token", args, cfg, tmp_path / "b.npy")
+    assert ours[ours.index("--tokens") + 1] == theirs[theirs.index("--tokens") + 1]
+    assert " ".join(theirs[2:6]) == "--kind ntp --head valid"
+    assert theirs[theirs.index("--V") + 1] == ours[ours.index("--vocab-size") + 1] == "5814"
+    assert theirs[theirs.index("--threads") + 1] == ours[ours.index("--threads") + 1] == "1"
+
+
+def test_pair_child_times_the_saved_batch(tmp_path, capsys):
+    tokens = np.array([[BOS, 7, 8, EOS], [BOS, 9, EOS, PAD],
+                       [BOS, 5, EOS, PAD], [BOS, 6, 7, EOS]])                # (2B, T), B = 2
+    np.save(tmp_path / "b.npy", tokens)
+    args = bench_torch.parser().parse_args([
+        "--child", "good_views", "--tokens", str(tmp_path / "b.npy"), "--vocab-size", "12",
+        "--max-len", "8", "--timed-steps", "1", "--warmup", "0"])
+    args.gemm_rows = args.gemm_square = 64
+    bench_torch.run_child_side(args)
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (r["objective"], r["T"], r["real_tokens"], r["sequences"]) == ("good_views", 4, 14, 4)
+    cfg = ModelConfig(vocab_size=12, max_len=8)                           # the default sizes
+    assert r["gflop_per_step"] == pytest.approx(step_flops([4, 3, 3, 4], cfg) / 1e9)
+
+
+def test_pair_child_failure_is_one_line_naming_it():
+    with pytest.raises(ValueError, match=r"the torch_pair.py views process failed \(exit code 3\)"):
+        bench_torch.run_json([sys.executable, "-c", "import sys; sys.exit(3)"],
+                             "torch_pair.py views")
+    assert bench_torch.run_json([sys.executable, "-c", "print('x'); print('{\"a\": 1}')"],
+                                "child") == {"a": 1}

@@ -8,8 +8,11 @@ process-wide ru_maxrss, is its own), and each child:
   2. times numpy float32 matmuls of the model's shapes: the best GFLOP/s is `peak_gflops`;
   3. runs warm-up steps, then timed steps of train.train_step (objective, clip_grad_norm,
      adam_step: a whole training step on one fixed batch), and reports the median and min
-     ms/step, the step's FLOPs (step_flops, counted from the batch's token counts), GFLOP/s
-     and the fraction of peak.
+     ms/step, the step's FLOPs (gemms.step_flops: every matrix product of the step, counted
+     from the batch's caption lengths), GFLOP/s and the fraction of peak;
+  4. replays the same matrix products alone (gemms.replay_gemms): the step's GEMM time, and
+     the non-GEMM share of a step = 1 - GEMM ms / step ms (element-wise work, copies, Python).
+The side-by-side comparison with PyTorch eager is bench_torch.py.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 import dataclasses
@@ -30,6 +33,7 @@ from ..objectives import OBJECTIVES
 from ..optim import adam_init
 from ..tokenizer import PAD, SPECIALS
 from ..train import prepare, train_step
+from .gemms import attention_grids, replay_gemms, step_gemms
 from .machine import OPENBLAS_ENV, cores, describe
 
 DEFAULT_CAPTIONS = Path(__file__).resolve().parents[3] / "shared" / "coco" / "captions_val2017.json"
@@ -39,39 +43,13 @@ FIXED_CAPTIONS = 512  # --fixed-length batch: 512 captions = 256 photos x 2, as 
 GEMM_ROWS = 8192      # tokens per GEMM in the peak measurement (~512 captions x 16 tokens)
 GEMM_SQUARE = 2048    # plus one square GEMM, the shape BLAS libraries are tuned for
 GEMM_REPEATS = 5      # best of this many runs per shape
-PYTORCH_REFERENCE = ("PyTorch CPU eager runs one good-views step of this model (512 captions, "
-                     "T=16) in ~1.0 s and a next-token step in ~2.0 s")
+PYTORCH_PAIR = ("against PyTorch eager, timed side by side on the same batch: python -m "
+                "minialign.machinery.bench_torch --torch-pair PATH/TO/torch_pair.py")
 KEYS = ("objective", "ms_per_step", "gflop_per_step", "gflops", "peak_gflops",
-        "fraction_of_peak", "peak_rss_mb")
+        "fraction_of_peak", "peak_rss_mb", "gemm_ms", "non_gemm_share")
 
 
-# ---------------------------------------------------------------- counting FLOPs
-def step_flops(n_tokens, n_seqs, T, cfg, n_targets=0):
-    """Matmul FLOPs of one training step (forward + backward), a multiply-add counted as 2.
-
-    n_tokens: n, real (non-PAD) tokens in the n_seqs = B2 encoded sequences of padded length T;
-    cfg: ModelConfig (D = d_model, F = mlp_ratio * D, L = n_layers, V = vocab_size);
-    n_targets: n_t, next-token targets (real tokens whose next token is real), 0 for the views.
-
-        forward  = L * [2 n (3 D^2 + D^2 + 2 D F)   q,k,v and output projections, MLP in and out,
-                                                    on the real tokens only (packed)
-                        + 4 B2 T^2 D]               q k^T and probs v on the padded (B2, H, T, T)
-                                                    layout: 2 * B2 * H * T * T * Dh each, Dh H = D
-                 + 2 n_t D V                        tied next-token head, next_token only
-        backward = 2 * forward                      each matmul has two gradient matmuls
-        step     = 3 * forward
-
-    Not counted: the embedding lookup and its backward (a scatter-add), LayerNorm, GELU,
-    softmax, the losses, clipping and Adam (all elementwise, O(n D) or O(B2 H T^2)).
-    Returns an int."""
-    D, L, V = cfg.d_model, cfg.n_layers, cfg.vocab_size
-    F = cfg.mlp_ratio * D
-    per_token = 2 * n_tokens * (3 * D * D + D * D + 2 * D * F)
-    attention = 4 * n_seqs * T * T * D
-    forward = L * (per_token + attention) + 2 * n_targets * D * V
-    return 3 * forward
-
-
+# ---------------------------------------------------------------- the batch's counts
 def encoded_tokens(name, batch):
     """The (2B, T) ids objective `name` encodes, up to bad_views' masking (which replaces words
     by MASK and so keeps every count step_flops reads): a | b, or a | a for bad_views."""
@@ -80,11 +58,13 @@ def encoded_tokens(name, batch):
 
 
 def token_counts(name, tokens):
-    """step_flops' inputs from the encoded (B2, T) ids: n_tokens, n_seqs, T, n_targets."""
+    """gemms.step_gemms' inputs from the encoded (B2, T) ids (PAD only after each caption's
+    last token): lengths (B2,) real tokens per caption, n_tokens = their sum, n_seqs = B2, T,
+    n_targets = next-token targets (real tokens followed by a real token; 0 for the views)."""
     real = tokens != PAD                                                  # (B2, T)
     n_targets = int(real[:, 1:].sum()) if name == "next_token" else 0     # tokens with a successor
-    return {"n_tokens": int(real.sum()), "n_seqs": tokens.shape[0], "T": tokens.shape[1],
-            "n_targets": n_targets}
+    return {"lengths": real.sum(axis=1), "n_tokens": int(real.sum()), "n_seqs": tokens.shape[0],
+            "T": tokens.shape[1], "n_targets": n_targets}
 
 
 # ---------------------------------------------------------------- the machine
@@ -135,33 +115,55 @@ def time_steps(name, cfg, batch, params, rng, warmup, steps):
     return seconds
 
 
-def bench_one(name, args, cfg):
-    """Child: benchmark objective `name` in this process; returns its figures as a dict.
-    cfg: the TrainConfig of the command's flags (captions, batch_photos, seed, model sizes)."""
+def bench_batch(name, cfg, fixed_length=0):
+    """The batch the benchmark of objective `name` times: with fixed_length T, FIXED_CAPTIONS
+    captions of exactly T random word ids, else one sample_batch of the training split, as
+    step 1 of training draws it (seed cfg.seed). cfg: TrainConfig (captions, batch_photos,
+    seed, model sizes). Returns cfg with objective = name and the tokenizer's vocab_size
+    (as train.train sets it), and the data.Batch."""
     cfg = dataclasses.replace(cfg, objective=name)
     data = prepare(cfg)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(      # as train.train does
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
-    rng_init, rng_data, rng_mask = (np.random.default_rng(s)
-                                    for s in np.random.SeedSequence(cfg.seed).spawn(3))
-    if args.fixed_length:
-        batch = fixed_length_batch(args.fixed_length, cfg.model.vocab_size, rng_data)
-    else:
-        batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
+    rng_data = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(3)[1])
+    if fixed_length:
+        return cfg, fixed_length_batch(fixed_length, cfg.model.vocab_size, rng_data)
+    return cfg, sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
+
+
+def measure(name, cfg, batch, args):
+    """Time objective `name` on `batch` in this process (cfg from bench_batch; args: warmup,
+    timed_steps, gemm_rows, gemm_square), then replay the step's GEMMs alone
+    (gemms.replay_gemms, as many passes as timed steps). Returns the figures as a dict:
+    ms_per_step is the median step, gemm_ms the median replay, non_gemm_share
+    = 1 - gemm_ms / ms_per_step; peak_rss_mb is taken before the replay."""
+    rng_init, _, rng_mask = (np.random.default_rng(s)
+                             for s in np.random.SeedSequence(cfg.seed).spawn(3))
     counts = token_counts(name, encoded_tokens(name, batch))
-    flops = step_flops(counts["n_tokens"], counts["n_seqs"], counts["T"], cfg.model,
-                       counts["n_targets"])
+    gemms = step_gemms(counts["lengths"], cfg.model, counts["n_targets"])
+    flops = sum(g.flops for g in gemms)
     peak = gemm_peak_gflops(cfg.model, rows=args.gemm_rows, square=args.gemm_square)
     params = init_params(cfg.model, rng_init)
     seconds = time_steps(name, cfg, batch, params, rng_mask, args.warmup, args.timed_steps)
-    median = statistics.median(seconds)
+    rss = peak_rss_mb()
+    replay = replay_gemms(gemms, np.random.default_rng(0), repeats=args.timed_steps)
+    median, gemm = statistics.median(seconds), statistics.median(replay)
     return {"objective": name, "ms_per_step": 1000 * median, "gflop_per_step": flops / 1e9,
             "gflops": flops / median / 1e9, "peak_gflops": peak,
-            "fraction_of_peak": flops / median / 1e9 / peak, "peak_rss_mb": peak_rss_mb(),
-            "ms_per_step_min": 1000 * min(seconds), "T": counts["T"],
-            "real_tokens": counts["n_tokens"], "sequences": counts["n_seqs"],
+            "fraction_of_peak": flops / median / 1e9 / peak, "peak_rss_mb": rss,
+            "gemm_ms": 1000 * gemm, "non_gemm_share": 1 - gemm / median,
+            "ms_per_step_min": 1000 * min(seconds), "gemm_ms_min": 1000 * min(replay),
+            "T": counts["T"], "real_tokens": counts["n_tokens"], "sequences": counts["n_seqs"],
+            "attention_grids": len(attention_grids(counts["lengths"])),
             "next_token_targets": counts["n_targets"], "steps": len(seconds),
             "cores": cores(), **describe()}
+
+
+def bench_one(name, args, cfg):
+    """Child: benchmark objective `name` in this process; returns measure's dict.
+    cfg: the TrainConfig of the command's flags (captions, batch_photos, seed, model sizes)."""
+    cfg, batch = bench_batch(name, cfg, args.fixed_length)
+    return measure(name, cfg, batch, args)
 
 
 # ---------------------------------------------------------------- all objectives (parent)
@@ -192,7 +194,7 @@ def run_child(name, args, env):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-ROW = "{:<11} {:>3} {:>10} {:>14} {:>10} {:>8} {:>8} {:>7} {:>8}"
+ROW = "{:<11} {:>3} {:>8} {:>14} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>7}"
 
 
 def print_header(args, info):
@@ -206,9 +208,10 @@ def print_header(args, info):
                     for k in OPENBLAS_ENV)
     print(f"BLAS: {info['blas']}, threads: {info['blas_threads']}, {env}"
           + (" (removed for the children)" if args.unset_openblas_env else ""))
-    print("FLOPs: matmuls only, per-token layers on real tokens (minialign/machinery/bench.py step_flops)")
+    print("FLOPs: matmuls only, linear layers on real tokens, attention per length group "
+          "(minialign/machinery/gemms.py); GEMM ms: those matmuls replayed alone")
     print(ROW.format("objective", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
-                     "peak", "of peak", "RSS MB"))
+                     "peak", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
 
 
 def print_row(r):
@@ -216,6 +219,7 @@ def print_row(r):
                      f"{r['ms_per_step']:.0f} ({r['ms_per_step_min']:.0f})",
                      f"{r['gflop_per_step']:.2f}", f"{r['gflops']:.1f}",
                      f"{r['peak_gflops']:.1f}", f"{r['fraction_of_peak']:.0%}",
+                     f"{r['gemm_ms']:.0f}", f"{r['non_gemm_share']:.0%}",
                      f"{r['peak_rss_mb']:.0f}"), flush=True)
 
 
@@ -246,5 +250,5 @@ def run_bench(args, cfg):
         else:
             print_row(results[-1])
     if not args.json:
-        print(f"reference: {PYTORCH_REFERENCE} (compare with --fixed-length 16)")
+        print(PYTORCH_PAIR)
     return results
