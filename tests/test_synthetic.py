@@ -186,3 +186,41 @@ def test_files_load_with_the_real_loaders(tmp_path):
     assert emb.meta["synthetic"] is True and emb.embeddings.shape == (N_SMALL, D_IMG)
     caption_index, emb_index, report = join_on_ids(captions.image_ids, emb)
     assert report["matched_images"] == N_SMALL and len(caption_index) == N_SMALL
+
+
+def test_world_ceiling_scores_the_evaluations_test_split():
+    from minialign.data import split_photos
+    from minialign.machinery.synthetic import world_ceiling
+    from minialign.metrics import mutual_knn
+    world = make_world(N_SMALL, np.random.default_rng(7), d_img=64)
+    ids, factors, img = world["image_ids"], world["factors"], world["embeddings"]
+    test = split_photos(ids)["test"]                                          # (60,)
+    assert len(test) == N_SMALL // 5
+    by_id = test[np.argsort(ids[test])]                                       # (60,)
+    expected = mutual_knn(factors[by_id], img[by_id], k=10)
+    assert world_ceiling(ids, factors, img) == expected
+    assert 0.3 < expected < 1.0  # the map keeps neighbourhoods, far above chance 10 / 59
+    # its own factors as "images": identical neighbourhoods
+    assert world_ceiling(ids, factors, factors) == 1.0
+    # scene rows shuffled against their images: back near chance (10 / 59 = 0.17)
+    shuffled = img[np.random.default_rng(8).permutation(N_SMALL)]             # (N, 64)
+    assert world_ceiling(ids, factors, shuffled) < 0.3
+    assert world_ceiling(ids, factors, img, k=3) == mutual_knn(factors[by_id], img[by_id], k=3)
+    with pytest.raises(ValueError, match="one row per scene"):
+        world_ceiling(ids[:-1], factors, img)
+
+
+def test_world_ceiling_of_files_matches_the_world(tmp_path):
+    from minialign.machinery.synthetic import world_ceiling, world_ceiling_of_files
+    captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=3)
+    rng_world, _ = (np.random.default_rng(s) for s in np.random.SeedSequence(3).spawn(2))
+    world = make_world(N_SMALL, rng_world)  # write_world's own stream
+    expected = world_ceiling(world["image_ids"], world["factors"], world["embeddings"])
+    assert world_ceiling_of_files(captions_path, embeddings_path) == expected
+    coco = json.loads(open(captions_path).read())
+    for image in coco["images"]:
+        del image["synthetic_scene"]
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(coco))
+    with pytest.raises(ValueError, match="synthetic_scene"):
+        world_ceiling_of_files(plain, embeddings_path)

@@ -17,8 +17,10 @@ import re
 
 import numpy as np
 
+from minialign.data import SPLIT_SEED, split_photos
 from minialign.machinery.embeddings import save_embeddings
 from minialign.machinery.files import atomic_write_bytes
+from minialign.metrics import MUTUAL_KNN_K, mutual_knn
 
 WORLD_SEED = 20240601  # arbitrary constant: fixes the random "image model" so every world shares it
 D_IMG = 768            # width of DINOv2-base embeddings, which the synthetic ones stand in for
@@ -246,3 +248,48 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     # the real format's writer: atomic, fixed zip timestamps (same seed -> same bytes)
     save_embeddings(paths[1], world["image_ids"], world["embeddings"], meta, force=force)
     return paths
+
+
+def world_ceiling(image_ids, factors, embeddings, k=MUTUAL_KNN_K, split_seed=SPLIT_SEED):
+    """The world's own ceiling of mutual k-NN (metrics.mutual_knn): the alignment between the
+    TEST scenes' factor vectors (what every caption of a scene states) and their image
+    embeddings, on the photos and k the evaluation scores (data.split_photos of image_ids with
+    split_seed, which depends only on the set of ids), in ascending id order as the evaluation
+    holds them (factor vectors tie often and ties go to the lower row). A text encoder that recovered the
+    factors exactly, with the factors' cosine geometry, would score this.
+    image_ids: (N,) distinct ints; factors: (N, N_FACTORS) 0/1; embeddings: (N, D_img) float,
+    row i of each = scene i (make_world's keys). Returns a float in [0, 1] (chance
+    ~ k / (N_test - 1)). Raises ValueError for mismatched rows (and as split_photos and
+    mutual_knn: too few scenes, k >= N_test)."""
+    image_ids, factors = np.asarray(image_ids), np.asarray(factors, dtype=np.float64)
+    if not len(image_ids) == len(factors) == len(embeddings):
+        raise ValueError(f"image_ids, factors and embeddings must have one row per scene, got "
+                         f"{len(image_ids)}, {len(factors)} and {len(embeddings)}")
+    test = split_photos(image_ids, split_seed)["test"]                        # (N_test,)
+    test = test[np.argsort(image_ids[test], kind="stable")]  # (N_test,) by id, as evaluated
+    return mutual_knn(factors[test], np.asarray(embeddings)[test], k=k)
+
+
+def world_ceiling_of_files(captions_path, embeddings_path, k=MUTUAL_KNN_K,
+                           split_seed=SPLIT_SEED):
+    """world_ceiling of a world written by write_world: the factors are rebuilt from each
+    image's "synthetic_scene" in the captions file, joined to the embeddings file on image id.
+    Returns a float in [0, 1]. Raises ValueError, naming the file, if the captions file holds
+    no synthetic scenes or an id lacks an embedding (and as world_ceiling)."""
+    from minialign.machinery.embeddings import load_embeddings
+    from minialign.machinery.files import read_coco_json
+    images = [im for im in read_coco_json(captions_path).get("images", [])
+              if isinstance(im, dict) and "synthetic_scene" in im]
+    if not images:
+        raise ValueError(f"{captions_path}: no image has a synthetic_scene; not a world "
+                         f"written by `python -m minialign synthetic`")
+    emb = load_embeddings(embeddings_path)
+    row_of = {int(i): r for r, i in enumerate(emb.image_ids.tolist())}
+    missing = [im["id"] for im in images if int(im["id"]) not in row_of]
+    if missing:
+        raise ValueError(f"{embeddings_path}: no embedding for {len(missing)} scene(s) of "
+                         f"{captions_path}, e.g. image id {missing[0]}")
+    image_ids = np.array([int(im["id"]) for im in images], dtype=np.int64)   # (N,)
+    factors = np.stack([scene_factors(im["synthetic_scene"]) for im in images])  # (N, F)
+    embeddings = emb.embeddings[[row_of[int(i)] for i in image_ids]]         # (N, D_img)
+    return world_ceiling(image_ids, factors, embeddings, k, split_seed)
