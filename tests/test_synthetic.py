@@ -232,7 +232,8 @@ def unbound_bag(factors):
     from minialign.machinery.synthetic import KIND_BLOCK
     ns = len(SETTINGS)
     blocks = factors[:, ns:].reshape(len(factors), len(KINDS), KIND_BLOCK)    # (N, 12, 20)
-    return np.concatenate([factors[:, :ns], blocks.sum(axis=1)], axis=1)      # (N, 26)
+    return np.concatenate([factors[:, :ns], blocks[:, :, 0],
+                           blocks[:, :, 1:].sum(axis=1)], axis=1)            # (N, 6 + 12 + 19)
 
 
 def test_image_model_shares_part_of_each_attribute_across_kinds():
@@ -263,6 +264,6 @@ def test_shared_attributes_make_image_neighbourhoods_follow_what_captions_say():
         w = image_model(attr_shared=attr_shared)
         return np.tanh(factors @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]      # (300, 768)
     before, after = images(0.0), images(ATTR_SHARED)
-    bag = unbound_bag(factors)                                                # (300, 26)
+    bag = unbound_bag(factors)                                                # (300, 37)
     assert mutual_knn(bag, after) > mutual_knn(bag, before) + 0.1
     assert mutual_knn(factors, after) > mutual_knn(bag, after)
