@@ -18,8 +18,8 @@ import re
 import numpy as np
 
 from minialign.data import SPLIT_SEED, split_photos
-from minialign.machinery.embeddings import save_embeddings
-from minialign.machinery.files import atomic_write_bytes
+from minialign.machinery.embeddings import load_embeddings, save_embeddings
+from minialign.machinery.files import atomic_write_bytes, read_coco_json
 from minialign.metrics import MUTUAL_KNN_K, mutual_knn
 
 WORLD_SEED = 20240601  # arbitrary constant: fixes the random "image model" so every world shares it
@@ -257,7 +257,8 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     captions_bytes = json.dumps(coco).encode("utf-8")
     meta = {"model": "synthetic (not DINOv2)",
             "preprocessing": "none (no pixels): binary scene factors -> fixed random tanh "
-                             f"MLP (minialign.synthetic, WORLD_SEED={WORLD_SEED}) + Gaussian noise",
+                             f"MLP (minialign.synthetic, WORLD_SEED={WORLD_SEED}, ATTR_SHARED="
+                             f"{ATTR_SHARED}) + Gaussian noise",
             "pooling": "none (one vector per scene)", "dtype": "float32",
             "count": n_scenes, "dim": D_IMG,
             "captions_sha256": hashlib.sha256(captions_bytes).hexdigest(),
@@ -295,8 +296,6 @@ def world_ceiling_of_files(captions_path, embeddings_path, k=MUTUAL_KNN_K,
     image's "synthetic_scene" in the captions file, joined to the embeddings file on image id.
     Returns a float in [0, 1]. Raises ValueError, naming the file, if the captions file holds
     no synthetic scenes or an id lacks an embedding (and as world_ceiling)."""
-    from minialign.machinery.embeddings import load_embeddings
-    from minialign.machinery.files import read_coco_json
     images = [im for im in read_coco_json(captions_path).get("images", [])
               if isinstance(im, dict) and "synthetic_scene" in im]
     if not images:
