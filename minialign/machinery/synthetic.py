@@ -34,8 +34,8 @@ B2_STD = 1.0           # output offset, a stand-in for the large mean of real DI
 ATTR_SHARED = 0.5      # share of an attribute's image weights common to every kind (#12: at 0,
 #   "red" on a dog and on a cup were unrelated inputs, so image neighbourhoods hinged on
 #   kind-attribute conjunctions a bag of the caption's words cannot express; test split of the
-#   2000-scene world, k = 10, chance 0.025: ceiling 0.61 -> 0.56, a canonical unbound bag of
-#   setting, kinds and attribute counts 0.17 -> 0.35, a bag of the caption's words 0.06 -> 0.12)
+#   2000-scene world, k = 10, chance 0.025: world_ceiling 0.612 -> 0.542; an unbound bag of
+#   setting, kinds and attribute counts 0.170 -> 0.363; a bag of a caption's words 0.059 -> 0.116)
 P_TRAILING_SPACE = 0.14  # COCO val2017: 3541 of 25,014 captions end in spaces
 P_NO_PERIOD = 0.3      # many COCO captions have no final period
 P_LOWERCASE = 0.15     # some COCO captions are all lower case
@@ -125,7 +125,7 @@ def image_model(d_img=D_IMG, seed=WORLD_SEED, attr_shared=ATTR_SHARED):
          "w2": rng.standard_normal((HIDDEN, d_img)) / np.sqrt(HIDDEN),           # (HIDDEN, d_img)
          "b2": rng.standard_normal(d_img) * B2_STD}                              # (d_img,)
     # drawn after the rest, so w1's own parts, b1, w2 and b2 do not depend on attr_shared
-    shared = rng.standard_normal((KIND_BLOCK - 1, HIDDEN)) * W1_STD              # (20-1, HIDDEN)
+    shared = rng.standard_normal((KIND_BLOCK - 1, HIDDEN)) * W1_STD              # (19, HIDDEN)
     for k in range(len(KINDS)):
         rows = slice(len(SETTINGS) + k * KIND_BLOCK + 1, len(SETTINGS) + (k + 1) * KIND_BLOCK)
         w["w1"][rows] = (np.sqrt(attr_shared) * shared
@@ -275,8 +275,8 @@ def world_ceiling(image_ids, factors, embeddings, k=MUTUAL_KNN_K, split_seed=SPL
     TEST scenes' factor vectors (what every caption of a scene states) and their image
     embeddings, on the photos and k the evaluation scores (data.split_photos of image_ids with
     split_seed, which depends only on the set of ids), in ascending id order as the evaluation
-    holds them (factor vectors tie often and ties go to the lower row). A text encoder that recovered the
-    factors exactly, with the factors' cosine geometry, would score this.
+    holds them (factor vectors tie often and ties go to the lower row). A text encoder that
+    recovered the factors exactly, with the factors' cosine geometry, would score this.
     image_ids: (N,) distinct ints; factors: (N, N_FACTORS) 0/1; embeddings: (N, D_img) float,
     row i of each = scene i (make_world's keys). Returns a float in [0, 1] (chance
     ~ k / (N_test - 1)). Raises ValueError for mismatched rows (and as split_photos and
