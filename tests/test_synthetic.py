@@ -244,7 +244,8 @@ def test_image_model_shares_part_of_each_attribute_across_kinds():
     assert np.array_equal(w1[:len(SETTINGS)], old[:len(SETTINGS)])  # settings untouched
     present = [len(SETTINGS) + k * KIND_BLOCK for k in range(len(KINDS))]
     assert np.array_equal(w1[present], old[present])                 # kinds' own rows untouched
-    red_dog, red_cat = (len(SETTINGS) + list(KINDS).index(k) * KIND_BLOCK + 1 for k in ("dog", "cat"))
+    red_dog, red_cat = (len(SETTINGS) + list(KINDS).index(k) * KIND_BLOCK + 1
+                        for k in ("dog", "cat"))  # the first colour row of each kind's block
     assert abs(np.corrcoef(w1[red_dog], w1[red_cat])[0, 1] - ATTR_SHARED) < 0.1  # 512 samples
     assert abs(np.corrcoef(old[red_dog], old[red_cat])[0, 1]) < 0.1
     assert abs(w1[len(SETTINGS):].std() / W1_STD - 1) < 0.02         # rows keep their scale
