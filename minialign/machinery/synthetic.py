@@ -17,8 +17,10 @@ import re
 
 import numpy as np
 
-from minialign.machinery.embeddings import save_embeddings
-from minialign.machinery.files import atomic_write_bytes
+from minialign.data import SPLIT_SEED, split_photos
+from minialign.machinery.embeddings import load_embeddings, save_embeddings
+from minialign.machinery.files import atomic_write_bytes, read_coco_json
+from minialign.metrics import MUTUAL_KNN_K, mutual_knn
 
 WORLD_SEED = 20240601  # arbitrary constant: fixes the random "image model" so every world shares it
 D_IMG = 768            # width of DINOv2-base embeddings, which the synthetic ones stand in for
@@ -29,6 +31,11 @@ HIDDEN = 512           # hidden width of the image model (arbitrary)
 W1_STD = 0.35          # ~11 active factors -> pre-activation std ~ 1.2: tanh bends, not saturated
 B1_STD = 0.5           # hidden bias std, so tanh is not an odd function of the factors
 B2_STD = 1.0           # output offset, a stand-in for the large mean of real DINOv2 features
+ATTR_SHARED = 0.5      # share of an attribute's image weights common to every kind (#12: at 0,
+#   "red" on a dog and on a cup were unrelated inputs, so image neighbourhoods hinged on
+#   kind-attribute conjunctions a bag of the caption's words cannot express; test split of the
+#   2000-scene world, k = 10, chance 0.025: world_ceiling 0.612 -> 0.542; an unbound bag of
+#   setting, kinds and attribute counts 0.170 -> 0.363; a bag of a caption's words 0.059 -> 0.116)
 P_TRAILING_SPACE = 0.14  # COCO val2017: 3541 of 25,014 captions end in spaces
 P_NO_PERIOD = 0.3      # many COCO captions have no final period
 P_LOWERCASE = 0.15     # some COCO captions are all lower case
@@ -101,15 +108,29 @@ def scene_factors(scene):
     return x
 
 
-def image_model(d_img=D_IMG, seed=WORLD_SEED):
+def image_model(d_img=D_IMG, seed=WORLD_SEED, attr_shared=ATTR_SHARED):
     """The fixed random "image model": weights of y = tanh(x w1 + b1) w2 + b2, drawn from their
     own stream seeded by WORLD_SEED, so every world (any seed) uses the same map.
-    Returns {"w1": (F, HIDDEN), "b1": (HIDDEN,), "w2": (HIDDEN, d_img), "b2": (d_img,)} float64."""
+    An attribute value's w1 row in kind k's block is sqrt(attr_shared) * s_value
+    + sqrt(1 - attr_shared) * own_(k, value): a part s_value shared by every kind (red looks
+    red on a dog and on a cup) plus a part of its own (a red dog is not a red cup); both parts
+    have std W1_STD, so every row still has std W1_STD. attr_shared in [0, 1]; 0 = no shared
+    part (the world before #12). Returns {"w1": (F, HIDDEN), "b1": (HIDDEN,),
+    "w2": (HIDDEN, d_img), "b2": (d_img,)} float64. Raises ValueError outside [0, 1]."""
+    if not 0.0 <= attr_shared <= 1.0:
+        raise ValueError(f"attr_shared must be in [0, 1], got {attr_shared}")
     rng = np.random.default_rng(seed)
-    return {"w1": rng.standard_normal((N_FACTORS, HIDDEN)) * W1_STD,            # (F, HIDDEN)
-            "b1": rng.standard_normal(HIDDEN) * B1_STD,                          # (HIDDEN,)
-            "w2": rng.standard_normal((HIDDEN, d_img)) / np.sqrt(HIDDEN),        # (HIDDEN, d_img)
-            "b2": rng.standard_normal(d_img) * B2_STD}                           # (d_img,)
+    w = {"w1": rng.standard_normal((N_FACTORS, HIDDEN)) * W1_STD,               # (F, HIDDEN)
+         "b1": rng.standard_normal(HIDDEN) * B1_STD,                             # (HIDDEN,)
+         "w2": rng.standard_normal((HIDDEN, d_img)) / np.sqrt(HIDDEN),           # (HIDDEN, d_img)
+         "b2": rng.standard_normal(d_img) * B2_STD}                              # (d_img,)
+    # drawn after the rest, so w1's own parts, b1, w2 and b2 do not depend on attr_shared
+    shared = rng.standard_normal((KIND_BLOCK - 1, HIDDEN)) * W1_STD              # (19, HIDDEN)
+    for k in range(len(KINDS)):
+        rows = slice(len(SETTINGS) + k * KIND_BLOCK + 1, len(SETTINGS) + (k + 1) * KIND_BLOCK)
+        w["w1"][rows] = (np.sqrt(attr_shared) * shared
+                         + np.sqrt(1.0 - attr_shared) * w["w1"][rows])         # (19, HIDDEN)
+    return w
 
 
 def embed_scenes(factors, noise, rng, d_img=D_IMG):
@@ -236,7 +257,8 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     captions_bytes = json.dumps(coco).encode("utf-8")
     meta = {"model": "synthetic (not DINOv2)",
             "preprocessing": "none (no pixels): binary scene factors -> fixed random tanh "
-                             f"MLP (minialign.synthetic, WORLD_SEED={WORLD_SEED}) + Gaussian noise",
+                             f"MLP (minialign.synthetic, WORLD_SEED={WORLD_SEED}, ATTR_SHARED="
+                             f"{ATTR_SHARED}) + Gaussian noise",
             "pooling": "none (one vector per scene)", "dtype": "float32",
             "count": n_scenes, "dim": D_IMG,
             "captions_sha256": hashlib.sha256(captions_bytes).hexdigest(),
@@ -246,3 +268,46 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     # the real format's writer: atomic, fixed zip timestamps (same seed -> same bytes)
     save_embeddings(paths[1], world["image_ids"], world["embeddings"], meta, force=force)
     return paths
+
+
+def world_ceiling(image_ids, factors, embeddings, k=MUTUAL_KNN_K, split_seed=SPLIT_SEED):
+    """The world's own ceiling of mutual k-NN (metrics.mutual_knn): the alignment between the
+    TEST scenes' factor vectors (what every caption of a scene states) and their image
+    embeddings, on the photos and k the evaluation scores (data.split_photos of image_ids with
+    split_seed, which depends only on the set of ids), in ascending id order as the evaluation
+    holds them (factor vectors tie often and ties go to the lower row). A text encoder that
+    recovered the factors exactly, with the factors' cosine geometry, would score this.
+    image_ids: (N,) distinct ints; factors: (N, N_FACTORS) 0/1; embeddings: (N, D_img) float,
+    row i of each = scene i (make_world's keys). Returns a float in [0, 1] (chance
+    ~ k / (N_test - 1)). Raises ValueError for mismatched rows (and as split_photos and
+    mutual_knn: too few scenes, k >= N_test)."""
+    image_ids, factors = np.asarray(image_ids), np.asarray(factors, dtype=np.float64)
+    if not len(image_ids) == len(factors) == len(embeddings):
+        raise ValueError(f"image_ids, factors and embeddings must have one row per scene, got "
+                         f"{len(image_ids)}, {len(factors)} and {len(embeddings)}")
+    test = split_photos(image_ids, split_seed)["test"]                        # (N_test,)
+    test = test[np.argsort(image_ids[test], kind="stable")]  # (N_test,) by id, as evaluated
+    return mutual_knn(factors[test], np.asarray(embeddings)[test], k=k)
+
+
+def world_ceiling_of_files(captions_path, embeddings_path, k=MUTUAL_KNN_K,
+                           split_seed=SPLIT_SEED):
+    """world_ceiling of a world written by write_world: the factors are rebuilt from each
+    image's "synthetic_scene" in the captions file, joined to the embeddings file on image id.
+    Returns a float in [0, 1]. Raises ValueError, naming the file, if the captions file holds
+    no synthetic scenes or an id lacks an embedding (and as world_ceiling)."""
+    images = [im for im in read_coco_json(captions_path).get("images", [])
+              if isinstance(im, dict) and "synthetic_scene" in im]
+    if not images:
+        raise ValueError(f"{captions_path}: no image has a synthetic_scene; not a world "
+                         f"written by `python -m minialign synthetic`")
+    emb = load_embeddings(embeddings_path)
+    row_of = {int(i): r for r, i in enumerate(emb.image_ids.tolist())}
+    missing = [im["id"] for im in images if int(im["id"]) not in row_of]
+    if missing:
+        raise ValueError(f"{embeddings_path}: no embedding for {len(missing)} scene(s) of "
+                         f"{captions_path}, e.g. image id {missing[0]}")
+    image_ids = np.array([int(im["id"]) for im in images], dtype=np.int64)   # (N,)
+    factors = np.stack([scene_factors(im["synthetic_scene"]) for im in images])  # (N, F)
+    embeddings = emb.embeddings[[row_of[int(i)] for i in image_ids]]         # (N, D_img)
+    return world_ceiling(image_ids, factors, embeddings, k, split_seed)
