@@ -42,7 +42,6 @@ def tiny_params(rng):
     return params
 
 
-
 @pytest.mark.parametrize("name, anticollapse", [(n, a) for a in ANTICOLLAPSE
                                                 for n in sorted(OBJECTIVES)])
 def test_objective_gradients_end_to_end(name, anticollapse):
