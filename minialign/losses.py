@@ -107,11 +107,14 @@ def sigreg(z, directions, t_max=SIGREG_T_MAX, n_points=SIGREG_POINTS):
     one of the paper's Algorithm 1 and the code (the paper's text writes exp(-t^2 / sigma^2)).
     z: (N, D) float, N >= 1; directions: (D, M) unit columns (sigreg_directions), same dtype;
     t_max > 0; n_points >= 2. Returns SIGReg (float), dSIGReg/dz (N, D) and EP (M,) per direction.
-    Raises ValueError for N = 0, n_points < 2, t_max <= 0 or mismatched shapes."""
+    Raises ValueError for N = 0, n_points < 2, t_max <= 0, mismatched shapes or dtypes."""
     N, D = z.shape
     if N < 1 or directions.ndim != 2 or directions.shape[0] != D:
         raise ValueError(f"SIGReg needs z (N >= 1, D) and directions (D, M), got {z.shape} and "
                          f"{directions.shape}")
+    if directions.dtype != z.dtype:
+        raise ValueError(f"SIGReg: directions are {directions.dtype}, z is {z.dtype}; draw them "
+                         f"in z's dtype (sigreg_directions(..., dtype=z.dtype))")
     if n_points < 2 or not t_max > 0:
         raise ValueError(f"SIGReg quadrature needs n_points >= 2 and t_max > 0, got "
                          f"{n_points} and {t_max}")

@@ -164,6 +164,8 @@ def test_sigreg_refuses_bad_shapes_and_quadrature():
     z, A = np.ones((3, 2)), np.array([[1.0], [0.0]])
     with pytest.raises(ValueError, match="directions"):
         sigreg(z, np.ones((3, 1)))
+    with pytest.raises(ValueError, match="directions are float32, z is float64"):
+        sigreg(z, A.astype(np.float32))
     with pytest.raises(ValueError, match="N >= 1"):
         sigreg(np.ones((0, 2)), A)
     with pytest.raises(ValueError, match="n_points >= 2 and t_max > 0, got 1 and 3.0"):
