@@ -59,6 +59,7 @@ REPLICATE_BAD = [
      "argument --objectives: each value at most once, good_views repeated"),
     (["--anticollapse", "VICReg"],
      "argument --anticollapse: must be one of vicreg, sigreg, got 'VICReg'"),
+    (["--sigreg-weight", "-2"], "argument --sigreg-weight: must be a number >= 0, got '-2'"),
 ]
 BENCH_BAD = [
     (["--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),

@@ -34,7 +34,8 @@ TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_d
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
                 "mlp_ratio", "max_len")
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
-                    "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse")
+                    "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
+                    "sigreg_weight")
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
 
 
