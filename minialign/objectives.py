@@ -5,22 +5,36 @@ target) is built:
     good_views  the pair is two different human captions of one photo
     bad_views   the pair is one caption, its words masked twice independently
     next_token  the target is each caption's next word, read causally; the two captions of a
-                photo get only VICReg's anti-collapse terms (variance, covariance)
+                photo get only the anti-collapse terms (no invariance)
+
+The anti-collapse term (ObjectiveConfig.anticollapse; pair_loss below) is VICReg's variance +
+covariance (the replication's default), or SIGReg (LeJEPA, Balestriero & LeCun 2025) on each
+view's embeddings in their place: the view objectives then minimise
+    sim_weight * invariance + sigreg_weight * [SIGReg(z_a) + SIGReg(z_b)] / 2
+and next_token minimises CE + anticollapse_weight * sigreg_weight * [SIGReg(z_a) + SIGReg(z_b)] / 2,
+just as its VICReg version is CE + anticollapse_weight * (var_weight * var + cov_weight * cov).
+SIGReg's M random directions are drawn each step from `rng` (one set shared by both views, as
+LeJEPA does), after bad_views' masks; under VICReg nothing more is drawn, so VICReg runs are
+bit-identical to those before SIGReg existed.
 
 Shared steps sit on the same lines in the same order; every line that differs from good_views
 ends in `# <-`. Signature:
     objective(params, batch, cfg, rng) -> (loss, grads, stats)
 batch: data.Batch with tokens_a, tokens_b (B, T) int32; cfg: train.TrainConfig, of which an
 objective reads cfg.model (ModelConfig) and cfg.loss (ObjectiveConfig, below); rng: numpy
-Generator (only bad_views draws from it). The text model never sees anything from images.
+Generator (bad_views' masks, SIGReg's directions). The text model never sees anything from images.
 """
 from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .losses import cross_entropy, vicreg_loss
+from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT, cross_entropy,
+                     sigreg_directions, sigreg_loss, vicreg_loss)
 from .model import encode, encode_backward, lm_head_backward, lm_head_forward
 from .tokenizer import MASK, PAD, SPECIALS
+
+
+ANTICOLLAPSE = ("vicreg", "sigreg")  # ObjectiveConfig.anticollapse (flags.py lists them too)
 
 
 @dataclass(frozen=True)
@@ -30,14 +44,29 @@ class ObjectiveConfig:
     sim_weight: float = 25.0        # VICReg lambda (invariance)
     var_weight: float = 25.0        # VICReg mu (variance)
     cov_weight: float = 1.0         # VICReg nu (covariance)
-    anticollapse_weight: float = 1.0  # next_token: weight on the VICReg var + cov terms
+    anticollapse_weight: float = 1.0  # next_token: weight on the anti-collapse terms
+    anticollapse: str = "vicreg"    # "vicreg" (var + cov) | "sigreg" (LeJEPA's SIGReg instead)
+    sigreg_weight: float = SIGREG_WEIGHT   # SIGReg's weight, 5.26 = LeJEPA's lambda 0.05 (losses)
+    sigreg_directions: int = SIGREG_DIRECTIONS  # M random unit directions, drawn every step
+    sigreg_t_max: float = SIGREG_T_MAX     # Epps-Pulley integral over t in [-t_max, t_max]
+    sigreg_points: int = SIGREG_POINTS     # trapezoid knots on [0, t_max]
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range (the same ranges the
         command line's flags.py types enforce)."""
+        if self.anticollapse not in ANTICOLLAPSE:
+            raise ValueError(f"ObjectiveConfig: anticollapse={self.anticollapse!r} must be one "
+                             f"of {', '.join(ANTICOLLAPSE)}")
+        for name, low in (("sigreg_directions", 1), ("sigreg_points", 2)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"ObjectiveConfig: {name}={value!r} must be an integer >= {low}")
+        ranges = {"mask_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
+                  "sigreg_t_max": (lambda v: v > 0, "> 0")}
         for f in fields(self):
-            ok, allowed = ((lambda v: 0 <= v < 1, "in [0, 1)") if f.name == "mask_rate"
-                           else (lambda v: v >= 0, ">= 0"))
+            if f.name in ("anticollapse", "sigreg_directions", "sigreg_points"):
+                continue
+            ok, allowed = ranges.get(f.name, (lambda v: v >= 0, ">= 0"))
             value = getattr(self, f.name)
             if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
                     or not np.isfinite(value) or not ok(value)):
@@ -45,40 +74,40 @@ class ObjectiveConfig:
 
 
 def good_views(params, batch, cfg, rng):
-    """Two different human captions of the same photo are the two views -> VICReg.
+    """Two different human captions of the same photo are the two views -> VICReg (or
+    invariance + SIGReg).
     Both views go through ONE encode call as a 2B batch, so the parameters they share get the
     sum of both views' gradients inside encode_backward."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=False)        # (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.loss.sim_weight,
-                                            cfg.loss.var_weight, cfg.loss.cov_weight)
+    loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng)
     grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
     return loss, grads, stats
 
 
 def bad_views(params, batch, cfg, rng):
-    """One caption per photo, its words masked twice independently, is the pair -> VICReg."""
+    """One caption per photo, its words masked twice independently, is the pair -> VICReg (or
+    invariance + SIGReg)."""
     tokens = np.concatenate([mask_words(batch.tokens_a, cfg.loss.mask_rate, rng),   # <- (2B, T)
                              mask_words(batch.tokens_a, cfg.loss.mask_rate, rng)])  # <- a, a
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=False)        # (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], cfg.loss.sim_weight,
-                                            cfg.loss.var_weight, cfg.loss.cov_weight)
+    loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng)
     grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
     return loss, grads, stats
 
 
 def next_token(params, batch, cfg, rng):
     """Each caption predicts its own next word under causal attention (cross-entropy through the
-    tied head), plus the same VICReg variance + covariance terms on the two captions of each
-    photo (no invariance). The head reads the token embedding, so tok_emb sums two gradients."""
+    tied head), plus the same anti-collapse terms (VICReg's variance + covariance, or SIGReg) on
+    the two captions of each photo, weighted by anticollapse_weight (no invariance). The head
+    reads the token embedding, so tok_emb sums two gradients."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=True)         # <- (2B, D), (n, D)
-    w = cfg.loss.anticollapse_weight                                      # <- no invariance term:
-    loss, (dz_a, dz_b), stats = vicreg_loss(z[:B], z[B:], 0.0,           # <-
-                                            w * cfg.loss.var_weight, w * cfg.loss.cov_weight)  # <-
+    loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng,  # <- no invariance,
+                                          sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
     logits, c_head = lm_head_forward(hf[has_target], params["tok_emb"])   # <- (n_t, V)
     ce_loss, dlogits, ce_stats = cross_entropy(logits, targets[has_target])  # <-
@@ -89,6 +118,21 @@ def next_token(params, batch, cfg, rng):
     grads["tok_emb"] += dtok_emb                                          # <- the head is tied
     stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)             # <-
     return loss + ce_loss, grads, stats                                   # <-
+
+
+def pair_loss(z_a, z_b, cfg, rng, sim_weight=None, weight=1.0):
+    """The loss on the two views' embeddings z_a, z_b (B, D), per cfg.anticollapse (cfg: an
+    ObjectiveConfig): "vicreg" -> losses.vicreg_loss with weights (sim_weight, weight *
+    var_weight, weight * cov_weight); "sigreg" -> losses.sigreg_loss with (sim_weight, weight *
+    sigreg_weight) on cfg.sigreg_directions directions drawn from rng here, in z's dtype.
+    sim_weight: None = cfg.sim_weight (next_token passes 0.0).
+    Returns (loss, (dz_a, dz_b), stats) as the loss returns them."""
+    sim_weight = cfg.sim_weight if sim_weight is None else sim_weight
+    if cfg.anticollapse == "vicreg":
+        return vicreg_loss(z_a, z_b, sim_weight, weight * cfg.var_weight, weight * cfg.cov_weight)
+    directions = sigreg_directions(z_a.shape[1], cfg.sigreg_directions, rng, z_a.dtype)  # (D, M)
+    return sigreg_loss(z_a, z_b, directions, sim_weight, weight * cfg.sigreg_weight,
+                       cfg.sigreg_t_max, cfg.sigreg_points)
 
 
 def next_token_targets(tokens):

@@ -8,7 +8,9 @@ from gradcheck import numerical_grad, rel_err
 
 from minialign.data import Batch
 from minialign.model import ModelConfig, encode, init_params, param_count
-from minialign.objectives import OBJECTIVES, ObjectiveConfig, mask_words, next_token_targets
+from minialign.losses import sigreg, sigreg_directions
+from minialign.objectives import (ANTICOLLAPSE, OBJECTIVES, ObjectiveConfig, mask_words,
+                                  next_token_targets)
 from minialign.tokenizer import BOS, EOS, MASK, PAD
 
 TINY = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=2, n_heads=2, mlp_ratio=4)
@@ -40,12 +42,14 @@ def tiny_params(rng):
     return params
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
-def test_objective_gradients_end_to_end(name):
-    cfg = Config()
+@pytest.mark.parametrize("name, anticollapse", [(n, a) for a in ANTICOLLAPSE
+                                                for n in sorted(OBJECTIVES)])
+def test_objective_gradients_end_to_end(name, anticollapse):
+    cfg = Config(loss=ObjectiveConfig(anticollapse=anticollapse, sigreg_directions=6))
     params, batch = tiny_params(np.random.default_rng(0)), tiny_batch()
     objective = OBJECTIVES[name]
-    # bad views draws its masks from rng: the same seed on every call gives the same pair
+    # bad views draws its masks, SIGReg its directions, from rng: the same seed on every call
+    # gives the same pair and the same directions
     loss = lambda: objective(params, batch, cfg, np.random.default_rng(1))[0]
     _, grads, stats = objective(params, batch, cfg, np.random.default_rng(1))
     assert sorted(grads) == sorted(params)
@@ -72,6 +76,45 @@ def test_next_token_loss_is_ce_plus_weighted_var_cov():
     assert s1["targets"] == (7 + 5 + 3 + 4 + 6 + 7 + 4 + 3) - 8
 
 
+def test_sigreg_replaces_var_cov_in_all_three_objectives():
+    params, batch = tiny_params(np.random.default_rng(2)), tiny_batch()
+    half = Config(loss=ObjectiveConfig(anticollapse="sigreg", sigreg_directions=6,
+                                       anticollapse_weight=0.5, sigreg_weight=3.0))
+    for name in ("good_views", "bad_views"):
+        loss, _, stats = OBJECTIVES[name](params, batch, half, np.random.default_rng(1))
+        assert set(stats) == {"loss", "inv", "sigreg"}
+        assert loss == pytest.approx(25 * stats["inv"] + 3.0 * stats["sigreg"], rel=1e-12)
+    loss, _, stats = OBJECTIVES["next_token"](params, batch, half, np.random.default_rng(1))
+    assert stats["inv"] > 0                         # reported, but weighted 0 in the loss
+    assert loss == pytest.approx(stats["ce"] + 0.5 * 3.0 * stats["sigreg"], rel=1e-12)
+    # the SIGReg term is that of the two captions' embeddings on the rng's first (D, M) draw
+    z, _, _ = encode(params, np.concatenate([batch.tokens_a, batch.tokens_b]), TINY, causal=True)
+    A = sigreg_directions(TINY.d_model, 6, np.random.default_rng(1))
+    assert stats["sigreg"] == pytest.approx((sigreg(z[:4], A)[0] + sigreg(z[4:], A)[0]) / 2,
+                                            rel=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_only_sigreg_draws_from_rng(name):
+    """VICReg draws nothing more (VICReg runs stay bit-identical), SIGReg one (D, M) array."""
+    params, batch = tiny_params(np.random.default_rng(5)), tiny_batch()
+    after = {}
+    for anticollapse in ANTICOLLAPSE:
+        rng = np.random.default_rng(9)
+        OBJECTIVES[name](params, batch, Config(loss=ObjectiveConfig(
+            anticollapse=anticollapse, sigreg_directions=6)), rng)
+        after[anticollapse] = rng.random()
+    masks = np.random.default_rng(9)
+    if name == "bad_views":                                              # its two mask draws
+        masks.random(batch.tokens_a.shape), masks.random(batch.tokens_a.shape)
+    assert after["vicreg"] == masks.random()
+    masks = np.random.default_rng(9)
+    if name == "bad_views":
+        masks.random(batch.tokens_a.shape), masks.random(batch.tokens_a.shape)
+    masks.standard_normal((TINY.d_model, 6))
+    assert after["sigreg"] == masks.random()
+
+
 def test_next_token_targets_are_the_following_real_token():
     tokens = np.array([[BOS, 7, 8, EOS], [BOS, EOS, PAD, PAD]], np.int32)   # packed: 6 rows
     targets, has_target = next_token_targets(tokens)
@@ -83,11 +126,25 @@ def test_objective_config_refuses_out_of_range_settings():
     for fields, message in [({"mask_rate": 1.0}, "mask_rate=1.0 must be a number in [0, 1)"),
                             ({"sim_weight": -1.0}, "sim_weight=-1.0 must be a number >= 0"),
                             ({"cov_weight": float("nan")}, "cov_weight=nan must be a number"),
-                            ({"var_weight": True}, "var_weight=True must be a number >= 0")]:
+                            ({"var_weight": True}, "var_weight=True must be a number >= 0"),
+                            ({"anticollapse": "barlow"},
+                             "anticollapse='barlow' must be one of vicreg, sigreg"),
+                            ({"sigreg_weight": -0.5}, "sigreg_weight=-0.5 must be a number >= 0"),
+                            ({"sigreg_directions": 0},
+                             "sigreg_directions=0 must be an integer >= 1"),
+                            ({"sigreg_directions": 2.0},
+                             "sigreg_directions=2.0 must be an integer >= 1"),
+                            ({"sigreg_points": 1}, "sigreg_points=1 must be an integer >= 2"),
+                            ({"sigreg_t_max": 0.0}, "sigreg_t_max=0.0 must be a number > 0"),
+                            ({"sigreg_t_max": float("inf")},
+                             "sigreg_t_max=inf must be a number > 0")]:
         with pytest.raises(ValueError) as info:
             ObjectiveConfig(**fields)
         assert str(info.value).startswith("ObjectiveConfig: " + message)
     assert ObjectiveConfig(mask_rate=0.0, anticollapse_weight=0).mask_rate == 0.0
+    edge = ObjectiveConfig(sigreg_directions=1, sigreg_points=2, sigreg_t_max=1e-3,
+                           sigreg_weight=0.0, anticollapse="sigreg")
+    assert (edge.sigreg_directions, edge.sigreg_points) == (1, 2)
 
 
 def test_causal_encoding_ignores_later_tokens():

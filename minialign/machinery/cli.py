@@ -30,10 +30,12 @@ RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest c
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
-                "eval_every", "split_seed", "d_model", "n_layers", "n_heads", "mlp_ratio",
-                "max_len")
+                "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
+                "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
+                "mlp_ratio", "max_len")
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
-                    "n_layers", "n_heads", "mlp_ratio", "max_len")
+                    "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
+                    "sigreg_weight")
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
 
 

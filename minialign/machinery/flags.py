@@ -65,6 +65,18 @@ def fraction_in_0_1(text):
     return value
 
 
+def one_of(*choices):
+    """A `type=` function: one of the given words, else argparse's error listing them (used
+    instead of argparse's choices= so that every flag refuses in the same words)."""
+    def parse(text):
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+    parse.__name__ = "one_of_" + "_".join(choices)
+    parse.choices = choices
+    return parse
+
+
 class UniqueList(argparse.Action):
     """For nargs="+": refuses a value given twice (`--seeds 0 0`) with argparse's error."""
 
@@ -100,11 +112,20 @@ TRAIN_FLAGS = {
                    ">= 1", positive_int),
     "split_seed": ("photo split seed, >= 0, independent of --seed", nonnegative_int),
     "mask_rate": ("bad_views: word masking probability, in [0, 1)", fraction_in_0_1),
-    "anticollapse_weight": ("next_token: weight on VICReg var+cov, >= 0", nonnegative_float),
+    "anticollapse_weight": ("next_token: weight on the anti-collapse terms (VICReg var+cov or "
+                            "SIGReg), >= 0", nonnegative_float),
     "sim_weight": ("VICReg invariance (lambda) weight, >= 0", nonnegative_float),
     "var_weight": ("VICReg variance (mu) weight, >= 0; 0 with --cov-weight 0 lets the "
                    "embeddings collapse", nonnegative_float),
     "cov_weight": ("VICReg covariance (nu) weight, >= 0", nonnegative_float),
+    "anticollapse": ("anti-collapse term of every objective: vicreg (variance + covariance) or "
+                     "sigreg (LeJEPA's SIGReg in their place)", one_of("vicreg", "sigreg")),
+    "sigreg_weight": ("SIGReg's weight, >= 0 (next_token: times --anticollapse-weight)",
+                      nonnegative_float),
+    "sigreg_directions": ("SIGReg: random unit directions M drawn each step, >= 1", positive_int),
+    "sigreg_t_max": ("SIGReg: Epps-Pulley integral over t in [-t_max, t_max], > 0",
+                     positive_float),
+    "sigreg_points": ("SIGReg: trapezoid knots on [0, t_max], >= 2", int_at_least(2)),
     "d_model": ("model width D, >= 1, divisible by --n-heads", positive_int),
     "n_layers": ("transformer blocks, >= 1", positive_int),
     "n_heads": ("attention heads, >= 1", positive_int),
@@ -112,7 +133,9 @@ TRAIN_FLAGS = {
     "max_len": ("longest caption in tokens, BOS and EOS included, >= 3", int_at_least(3)),
 }
 MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len")
-LOSS_FIELDS = ("mask_rate", "sim_weight", "var_weight", "cov_weight", "anticollapse_weight")
+LOSS_FIELDS = ("mask_rate", "sim_weight", "var_weight", "cov_weight", "anticollapse_weight",
+               "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
+               "sigreg_points")
 
 
 def add_config_flags(p, fields, defaults):
@@ -122,8 +145,9 @@ def add_config_flags(p, fields, defaults):
         help, type = TRAIN_FLAGS[name]
         owner = (defaults.model if name in MODEL_FIELDS else
                  defaults.loss if name in LOSS_FIELDS else defaults)
+        metavar = "{" + ",".join(type.choices) + "}" if hasattr(type, "choices") else None
         p.add_argument("--" + name.replace("_", "-"), type=type, default=getattr(owner, name),
-                       help=help)
+                       metavar=metavar, help=help)
 
 
 def config_from_args(args, base, **fixed):
