@@ -175,8 +175,9 @@ def flatten_saved_config(run):
     """Rewrite run/config.json the way minialign wrote it before #10: the objectives' settings
     (mask_rate, the VICReg weights, anticollapse_weight) at the top of "config"."""
     saved = json.loads((run / "config.json").read_text())
+    from minialign.machinery.rundir import FLAT_LOSS_KEYS
     saved["config"] = {**{k: v for k, v in saved["config"].items() if k != "loss"},
-                       **saved["config"]["loss"]}
+                       **{k: saved["config"]["loss"][k] for k in FLAT_LOSS_KEYS}}
     (run / "config.json").write_text(json.dumps(saved))
     return saved["config"]
 
@@ -184,7 +185,9 @@ def flatten_saved_config(run):
 def test_upgrade_config_moves_the_flat_keys_into_loss():
     from minialign.machinery.rundir import upgrade_config
     now = json.loads(json.dumps(dataclasses.asdict(TrainConfig(loss={"mask_rate": 0.5}))))
-    flat = {**{k: v for k, v in now.items() if k != "loss"}, **now["loss"]}
+    from minialign.machinery.rundir import FLAT_LOSS_KEYS
+    flat = {**{k: v for k, v in now.items() if k != "loss"},
+            **{k: now["loss"][k] for k in FLAT_LOSS_KEYS}}
     assert "loss" not in flat and flat["mask_rate"] == 0.5
     assert upgrade_config(flat) == now
     assert upgrade_config(now) == now                      # today's layout: unchanged
@@ -243,3 +246,11 @@ def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):
     assert not (np.isfinite(loss) and np.isfinite(grad_norm))
     assert all(params[k].tobytes() == before[k].tobytes() for k in params) and state["t"] == 1
     assert all(state[m][k].tobytes() == state_by_hand[m][k].tobytes() for m in "mv" for k in params)
+
+
+def test_upgrade_config_fills_the_loss_fields_added_since_with_today_defaults():
+    """rundir cannot import objectives (it sits below): its copy of the defaults must agree."""
+    from minialign.machinery.rundir import ADDED_LOSS_DEFAULTS
+    from minialign.objectives import ObjectiveConfig
+    defaults = dataclasses.asdict(ObjectiveConfig())
+    assert {k: defaults[k] for k in ADDED_LOSS_DEFAULTS} == ADDED_LOSS_DEFAULTS

@@ -34,6 +34,8 @@ CAPTIONS_DIR = "captions"      # caption embeddings saved at evaluation steps
 CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")   # caption_file_name's names
 FLAT_LOSS_KEYS = ("mask_rate", "sim_weight", "var_weight", "cov_weight",  # before #10: at the
                   "anticollapse_weight")                                # top of a saved config
+ADDED_LOSS_DEFAULTS = {"anticollapse": "vicreg", "sigreg_weight": 25.0 * 4 * 0.05 / 0.95,
+                       "sigreg_directions": 256, "sigreg_t_max": 3.0, "sigreg_points": 17}
 RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
 RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
 METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
@@ -55,10 +57,8 @@ def upgrade_config(config):
     before the objectives' settings were nested (TrainConfig.loss, #10) hold FLAT_LOSS_KEYS at
     the top; they move into "loss". Returns a new dict; today's layout comes back unchanged."""
     flat = {k: config[k] for k in FLAT_LOSS_KEYS if k in config}
-    if not flat:
-        return config
     rest = {k: v for k, v in config.items() if k not in flat}
-    return {**rest, "loss": {**flat, **rest.get("loss", {})}}
+    return {**rest, "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
 
 
 def read_run_config(run_dir):
