@@ -18,7 +18,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .losses import cross_entropy, vicreg_loss
+from .losses import vicreg_loss
+# losses.cross_entropy fused over row blocks, in place (the same loss and dlogits, tested)
+from .machinery.fast_layers import cross_entropy_fast
 from .model import encode, encode_backward, lm_head_backward, lm_head_forward
 from .tokenizer import MASK, PAD, SPECIALS
 
@@ -81,7 +83,7 @@ def next_token(params, batch, cfg, rng):
                                             w * cfg.loss.var_weight, w * cfg.loss.cov_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
     logits, c_head = lm_head_forward(hf[has_target], params["tok_emb"])   # <- (n_t, V)
-    ce_loss, dlogits, ce_stats = cross_entropy(logits, targets[has_target])  # <-
+    ce_loss, dlogits, ce_stats = cross_entropy_fast(logits, targets[has_target])  # <- in place
     dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # <- (n_t, D), (V, D)
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
     dhf[has_target] = dh_real                                             # <- no gradient
