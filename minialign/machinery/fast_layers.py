@@ -4,14 +4,20 @@ a reference there and tests/test_fast_layers.py checks that they give the same o
 gradients on ragged batches. What is rearranged, and why:
 
   packing       Per-token layers (embeddings, LayerNorm, linear, GELU) run on the n real tokens
-                of a batch, stacked as rows of an (n, D) array in the order of
-                tokens[tokens != PAD]: no work on padding.
+                of a batch, stacked as rows of an (n, D) array: no work on padding. The rows go
+                caption by caption, captions sorted by length once per batch (packed_layout),
+                so each caption is one contiguous slice of rows.
   grouping      Attention needs a (B, T) grid. mha_forward_fast runs it on groups of captions of
-                similar length, each scattered into its own (Bg, Tg) grid trimmed to its longest
-                caption, so the T^2 work shrinks too. Reference: layers.mha_forward on (B, T, D).
-  in-place      softmax_attention_forward and gelu_forward_fast write each pass into one buffer:
-                their arrays are the largest in the model. The GELU chain measured 1.8x faster
-                than layers.gelu_forward (forward + backward on (6873, 1024) float32).
+                one length Tg: a group's rows reshape to its (Bg, Tg, 3D) grid, so q, k, v are
+                views, the merged heads are written straight into the output rows, and no T^2
+                work is spent on padding. Reference: layers.mha_forward on (B, T, D).
+  segments      Pooling sums each caption's slice (a group's (Bg, Tg, D) rows over Tg), not a
+                (B, n) matrix product.
+  in-place      softmax_attention_forward, cross_entropy_fast and gelu_forward_fast write each
+                pass into one buffer: their arrays are the largest in the model. Their scalars
+                have the array's dtype (a float64 scalar runs NumPy's float64 loop). The GELU
+                chain measured 1.8x faster than layers.gelu_forward (forward + backward on
+                (6873, 1024) float32).
 
 tests/test_reference.py pins this module's float32 rounding: keep every pass, its order and its
 float64 scalar constants (under NumPy 2, `a *= np.float64(c)` on a float32 buffer multiplies in
@@ -37,6 +43,7 @@ class AttentionGroup(NamedTuple):
     start:stop, so their (Bg, Tg, C) grid is a reshape of those rows: a view, no copy."""
     start: int         # first packed row of the group
     stop: int          # one past its last row: stop - start = Bg * Tg
+    first: int         # its first caption's index into PackedLayout.order
     Bg: int            # captions in the group
     Tg: int            # tokens in each of them, >= 1 (an empty caption is in no group)
     bias: Optional[np.ndarray]  # causal: attention_bias of one caption, (1, 1, Tg, Tg); else None
@@ -74,8 +81,8 @@ def packed_layout(mask, causal, dtype, group_size=ATTENTION_GROUP):
         bias = attention_bias(np.ones((1, Tg), bool), True, dtype) if causal else None
         for caps in np.array_split(np.arange(first, last), -(-(last - first) // group_size)):
             start = int(first_row[caps[0]])
-            groups.append(AttentionGroup(start, start + len(caps) * int(Tg), len(caps),
-                                         int(Tg), bias))
+            groups.append(AttentionGroup(start, start + len(caps) * int(Tg), int(caps[0]),
+                                         len(caps), int(Tg), bias))
     return PackedLayout(flat=flat, seq=seq, pos=pos, order=order, lengths=lengths,
                         caption_rows=np.argsort(flat, kind="stable"), groups=tuple(groups))
 
@@ -84,6 +91,12 @@ def group_heads(rows, Bg, n_heads):
     """A group's packed rows (Bg * Tg, C) -> (Bg, n_heads, Tg, C / n_heads), head j reading
     columns j*C/n_heads:(j+1)*C/n_heads: a view, so writing into it writes the rows."""
     return split_heads(rows.reshape(Bg, -1, rows.shape[1]), n_heads)      # (Bg, H, Tg, Dh)
+
+
+def split_qkv(rows, Bg, n_heads):
+    """A group's rows of q | k | v (Bg * Tg, 3D) -> q, k, v, each (Bg, H, Tg, Dh): views."""
+    heads = group_heads(rows, Bg, 3 * n_heads)                            # (Bg, 3H, Tg, Dh)
+    return heads[:, :n_heads], heads[:, n_heads:2 * n_heads], heads[:, 2 * n_heads:]
 
 
 # ---------------------------------------------------------------- attention
@@ -108,7 +121,8 @@ def softmax_attention_forward(q, k, v, bias=None, y=None, probs=None):
     # subtract each row's max before exp: the same softmax, no overflow
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores, out=scores)                                    # (B, H, T, T)
-    probs /= probs.sum(axis=-1, keepdims=True)                            # over keys s
+    # sum over keys s; einsum: NumPy's sum over a short last axis costs ~3x more per row
+    probs /= np.einsum("...ts->...t", probs)[..., None]
     y = np.matmul(probs, v, out=y)                                        # (B, H, T, Dh)
     return y, (q, k, v, probs, scale)
 
@@ -133,7 +147,7 @@ def attention_group_forward(qkv, g, n_heads, a, probs):
     q | k | v are views of qkv's rows g.start:g.stop, the merged heads go straight into a's.
     qkv: (n, 3D); a: (n, D) C-contiguous, only the group's rows written; probs: (Bg, H, Tg,
     Tg), filled with the attention weights (the cache attention_group_backward reads)."""
-    q, k, v = np.split(group_heads(qkv[g.start:g.stop], g.Bg, 3 * n_heads), 3, axis=1)
+    q, k, v = split_qkv(qkv[g.start:g.stop], g.Bg, n_heads)               # 3 x (Bg, H, Tg, Dh)
     y = group_heads(a[g.start:g.stop], g.Bg, n_heads)                     # (Bg, H, Tg, Dh) view
     softmax_attention_forward(q, k, v, g.bias, y=y, probs=probs)
 
@@ -141,8 +155,8 @@ def attention_group_forward(qkv, g, n_heads, a, probs):
 def attention_group_backward(da, qkv, probs, g, n_heads, dqkv):
     """The backward of attention_group_forward: da's rows g.start:g.stop (n, D) -> dqkv's
     same rows (n, 3D, C-contiguous), dq | dk | dv written in place, as qkv held q | k | v."""
-    q, k, v = np.split(group_heads(qkv[g.start:g.stop], g.Bg, 3 * n_heads), 3, axis=1)
-    dq, dk, dv = np.split(group_heads(dqkv[g.start:g.stop], g.Bg, 3 * n_heads), 3, axis=1)
+    q, k, v = split_qkv(qkv[g.start:g.stop], g.Bg, n_heads)               # 3 x (Bg, H, Tg, Dh)
+    dq, dk, dv = split_qkv(dqkv[g.start:g.stop], g.Bg, n_heads)           # views, written
     dy = group_heads(da[g.start:g.stop], g.Bg, n_heads)                   # (Bg, H, Tg, Dh)
     softmax_attention_backward(dy, (q, k, v, probs, attention_scale(q)), dq, dk, dv)
 
@@ -175,17 +189,20 @@ def mha_backward_fast(dy, cache):
 
 # ---------------------------------------------------------------- pooling, a segment mean
 def mean_pool_forward_fast(h, layout):
-    """layers.mean_pool_forward as a segment mean: a caption's rows are one slice of the
-    layout, so np.add.reduceat sums them (n D additions) where the reference multiplies by a
-    (B, n) matrix (2 B n D flops). h: (n, D) in layout row order; layout: packed_layout(...).
+    """layers.mean_pool_forward as a segment mean: each caption's rows are one slice of the
+    layout, and a group's Bg captions of Tg tokens reshape to (Bg, Tg, D), summed over Tg (n D
+    additions) where the reference multiplies by a (B, n) matrix (2 B n D flops; and
+    np.add.reduceat over the slices measured ~40x slower than these sums).
+    h: (n, D) in layout row order; layout: packed_layout(...).
     Returns z: (B, D) in batch order, 0 for an empty caption, and a cache."""
-    full = layout.lengths > 0                                             # (B,) in row order
-    counts = layout.lengths[full]                                         # (B_f,) n_b
-    z = np.zeros((len(layout.order), h.shape[1]), dtype=h.dtype)          # (B, D)
-    if len(counts):
-        starts = np.cumsum(counts) - counts                               # (B_f,) first rows
-        sums = np.add.reduceat(h, starts, axis=0)                         # (B_f, D)
-        z[layout.order[full]] = sums / counts.astype(h.dtype)[:, None]
+    B, D = len(layout.order), h.shape[1]
+    z_rows = np.zeros((B, D), dtype=h.dtype)                              # (B, D) in row order
+    for g in layout.groups:
+        z_g = z_rows[g.first:g.first + g.Bg]                              # (Bg, D) view
+        np.sum(h[g.start:g.stop].reshape(g.Bg, g.Tg, D), axis=1, out=z_g)
+        z_g /= h.dtype.type(g.Tg)
+    z = np.empty_like(z_rows)                                             # (B, D) batch order
+    z[layout.order] = z_rows
     return z, (layout,)
 
 
