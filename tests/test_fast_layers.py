@@ -7,11 +7,12 @@ from gradcheck import check_layer, numerical_grad, rel_err
 from minialign.layers import (attention_bias, gelu_backward, gelu_forward, mean_pool_backward,
                               mean_pool_forward, mha_backward, mha_forward)
 from minialign.losses import cross_entropy
-from minialign.machinery.fast_layers import (AttentionGroup, cross_entropy_fast, gelu_backward_fast,
-                                   gelu_forward_fast, group_heads, mean_pool_backward_fast,
-                                   mean_pool_forward_fast, mha_backward_fast, mha_forward_fast,
-                                   packed_layout, softmax_attention_backward,
-                                   softmax_attention_forward)
+from minialign.machinery.fast_layers import (AttentionGroup, attention_scale, cross_entropy_fast,
+                                             gelu_backward_fast, gelu_forward_fast, group_heads,
+                                             mean_pool_backward_fast, mean_pool_forward_fast,
+                                             mha_backward_fast, mha_forward_fast, packed_layout,
+                                             softmax_attention_backward,
+                                             softmax_attention_forward)
 
 # 10 captions in a T = 8 grid: ragged, one empty, one of length 1, lengths 2, 5 and 7 repeated
 LENGTHS = np.array([5, 2, 7, 1, 0, 4, 7, 2, 5, 5])
@@ -201,6 +202,8 @@ def test_fast_layers_keep_float32():
     assert all(d.dtype == np.float32 for d in mha_backward_fast(x, cache))
     z, cache = mean_pool_forward_fast(x, layout)
     assert z.dtype == mean_pool_backward_fast(z, cache).dtype == np.float32
+    assert attention_scale(x[None, None]) == np.float32(0.5)              # 1/sqrt(Dh = 4)
+    assert attention_scale(x[None, None]).dtype == np.float32             # not a float64 scalar
     loss, dlogits, _ = cross_entropy_fast(x.copy(), np.array([0, 1, 2, 3, 0, 1]))
     assert isinstance(loss, float) and dlogits.dtype == np.float32
     assert gelu_forward_fast(x)[0].dtype == np.float32
