@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machinery.fast_layers import (attention_groups, gelu_backward_fast, gelu_forward_fast,
-                          mha_backward_fast, mha_forward_fast)
+from .machinery.fast_layers import (gelu_backward_fast, gelu_forward_fast, mean_pool_backward_fast,
+                          mean_pool_forward_fast, mha_backward_fast, mha_forward_fast,
+                          packed_layout)
 from .layers import (embedding_backward, embedding_forward, layernorm_backward, layernorm_forward,
-                     linear_backward, linear_forward, mean_pool_backward, mean_pool_forward)
+                     linear_backward, linear_forward)
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -85,25 +86,25 @@ def encode(params, tokens, cfg, causal=False):
     """Caption embeddings of a batch of token ids.
     tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
     causal: each token reads only itself and earlier tokens (next-token training) instead of
-    the whole caption. Per-token layers run on the n real tokens only (fast_layers.pack).
+    the whole caption. Per-token layers run on the n real tokens only, as rows laid out
+    caption by caption, sorted by length (fast_layers.packed_layout: attention reads each
+    group of equal-length captions as a view of its rows, and pooling is a segment mean).
     Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""
     B, T = tokens.shape
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
     mask = tokens != PAD                                                  # (B, T) real tokens
-    real = np.flatnonzero(mask)                                           # (n,) flat b*T + t
-    seq, pos = np.divmod(real, T)                                         # (n,), (n,)
-    groups = attention_groups(mask, causal, params["tok_emb"].dtype)      # grids of similar length
-    h, c_tok = embedding_forward(tokens.ravel()[real], params["tok_emb"])  # (n, D)
-    p_emb, c_pos = embedding_forward(pos, params["pos_emb"])              # (n, D)
+    layout = packed_layout(mask, causal, params["tok_emb"].dtype)         # rows sorted by length
+    h, c_tok = embedding_forward(tokens.ravel()[layout.flat], params["tok_emb"])  # (n, D)
+    p_emb, c_pos = embedding_forward(layout.pos, params["pos_emb"])       # (n, D)
     h += p_emb
     blocks = []
     for i in range(cfg.n_layers):
         (ln1_gamma, ln1_beta, w_qkv, b_qkv, w_o, b_o,
          ln2_gamma, ln2_beta, w_in, b_in, w_out, b_out) = (params[k] for k in block_keys(i))
         a, c_ln1 = layernorm_forward(h, ln1_gamma, ln1_beta)              # (n, D)
-        a, c_att = mha_forward_fast(a, w_qkv, b_qkv, w_o, b_o, groups, cfg.n_heads)  # (n, D)
+        a, c_att = mha_forward_fast(a, w_qkv, b_qkv, w_o, b_o, layout.groups, cfg.n_heads)
         h = h + a                                                         # (n, D) residual
         m, c_ln2 = layernorm_forward(h, ln2_gamma, ln2_beta)              # (n, D)
         m, c_in = linear_forward(m, w_in, b_in)                           # (n, F)
@@ -112,8 +113,9 @@ def encode(params, tokens, cfg, causal=False):
         h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
     hf, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
-    z, c_pool = mean_pool_forward(hf, seq, B)                             # (B, D)
-    return z, hf, (c_tok, c_pos, blocks, c_lnf, c_pool)
+    z, c_pool = mean_pool_forward_fast(hf, layout)                        # (B, D)
+    # hf back in the order of tokens[tokens != PAD], the order next-token targets use
+    return z, hf[layout.caption_rows], (c_tok, c_pos, blocks, c_lnf, c_pool, layout)
 
 
 def encode_backward(dz, dhf, cache):
@@ -122,11 +124,12 @@ def encode_backward(dz, dhf, cache):
     or None when the loss reads only z. When z holds two views of each caption (one encode
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
     Returns {name: gradient}, the keys of params."""
-    c_tok, c_pos, blocks, c_lnf, c_pool = cache
+    c_tok, c_pos, blocks, c_lnf, c_pool, layout = cache
     grads = {}
-    dhf_pool = mean_pool_backward(dz, c_pool)                             # (n, D)
-    dhf = dhf_pool if dhf is None else dhf_pool + dhf                     # hf fed pool and head
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf, c_lnf)  # (n, D)
+    dhf_rows = mean_pool_backward_fast(dz, c_pool)                        # (n, D) layout order
+    if dhf is not None:                                                   # hf fed pool and head
+        dhf_rows[layout.caption_rows] += dhf                              # forward: hf[caption_rows]
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf_rows, c_lnf)  # (n, D)
     for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged

@@ -28,8 +28,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT, cross_entropy,
+from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT,
                      sigreg_directions, sigreg_loss, vicreg_loss)
+# losses.cross_entropy fused over row blocks, in place (the same loss and dlogits, tested)
+from .machinery.fast_layers import cross_entropy_fast
 from .model import encode, encode_backward, lm_head_backward, lm_head_forward
 from .tokenizer import MASK, PAD, SPECIALS
 
@@ -110,7 +112,7 @@ def next_token(params, batch, cfg, rng):
                                           sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
     logits, c_head = lm_head_forward(hf[has_target], params["tok_emb"])   # <- (n_t, V)
-    ce_loss, dlogits, ce_stats = cross_entropy(logits, targets[has_target])  # <-
+    ce_loss, dlogits, ce_stats = cross_entropy_fast(logits, targets[has_target])  # <- in place
     dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # <- (n_t, D), (V, D)
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
     dhf[has_target] = dh_real                                             # <- no gradient

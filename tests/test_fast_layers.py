@@ -2,100 +2,180 @@
 the same outputs and gradients on ragged batches, plus its own gradient checks and edge cases."""
 import numpy as np
 import pytest
-from gradcheck import check_layer, rel_err
+from gradcheck import check_layer, numerical_grad, rel_err
 
-from minialign.machinery.fast_layers import (AttentionGroup, attention_groups, gelu_backward_fast,
-                                   gelu_forward_fast, mha_backward_fast, mha_forward_fast, pack,
-                                   softmax_attention_backward, softmax_attention_forward, unpack)
-from minialign.layers import attention_bias, gelu_backward, gelu_forward, mha_backward, mha_forward
+from minialign.layers import (attention_bias, gelu_backward, gelu_forward, mean_pool_backward,
+                              mean_pool_forward, mha_backward, mha_forward)
+from minialign.losses import cross_entropy
+from minialign.machinery.fast_layers import (AttentionGroup, attention_scale, cross_entropy_fast,
+                                             gelu_backward_fast, gelu_forward_fast, group_heads,
+                                             mean_pool_backward_fast, mean_pool_forward_fast,
+                                             mha_backward_fast, mha_forward_fast, packed_layout,
+                                             softmax_attention_backward,
+                                             softmax_attention_forward)
 
-# 6 captions of lengths 5, 2, 7, 1, 4, 7 in a T = 8 grid: ragged, every row padded but two
-RAGGED = np.arange(8)[None, :] < np.array([5, 2, 7, 1, 4, 7])[:, None]   # (B, T) bool
+# 10 captions in a T = 8 grid: ragged, one empty, one of length 1, lengths 2, 5 and 7 repeated
+LENGTHS = np.array([5, 2, 7, 1, 0, 4, 7, 2, 5, 5])
+RAGGED = np.arange(8)[None, :] < LENGTHS[:, None]                          # (B, T) bool
 
 
-def attention_weights(rng, D):
-    return dict(w_qkv=rng.standard_normal((D, 3 * D)) / 2, b_qkv=rng.standard_normal(3 * D),
-                w_o=rng.standard_normal((D, D)) / 2, b_o=rng.standard_normal(D))
+def attention_weights(rng, D, dtype=np.float64):
+    w = dict(w_qkv=rng.standard_normal((D, 3 * D)) / 2, b_qkv=rng.standard_normal(3 * D),
+             w_o=rng.standard_normal((D, D)) / 2, b_o=rng.standard_normal(D))
+    return {k: v.astype(dtype) for k, v in w.items()}
 
 
+def dense_rows(mask, layout):
+    """Rows of the dense reference run on the non-empty captions, b' * T + t, in layout order:
+    the dense layers.mha_forward hides every key of an empty caption and gives it NaN."""
+    new_b = np.cumsum(mask.any(axis=1)) - 1                               # (B,) index among kept
+    return new_b[layout.seq] * mask.shape[1] + layout.pos                 # (n,)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("group_size", [1, 4, 64])
-def test_fast_attention_equals_dense(causal, group_size):
-    """Packed, length-grouped attention == dense attention on the (B, T) grid, at real tokens:
-    outputs and every gradient (float64, rel err < 1e-10); dense dx is 0 at padding."""
+@pytest.mark.parametrize("group_size", [1, 2, 64])
+def test_fast_attention_equals_dense(dtype, tol, causal, group_size):
+    """Packed attention on equal-length groups == dense attention on the (B, T) grid, at real
+    tokens: outputs and every gradient (float64 to 1e-12, float32 close); dense dx is 0 at
+    padding, and the empty caption is in no group and needs no row."""
     rng = np.random.default_rng(0)
     B, T, D, H = *RAGGED.shape, 8, 2
-    cells = np.flatnonzero(RAGGED)                                        # (n,)
-    x_grid = rng.standard_normal((B, T, D)) * RAGGED[..., None]           # (B, T, D) 0 at padding
-    w = attention_weights(rng, D)
-    dy = rng.standard_normal((len(cells), D))                             # (n, D)
-    bias = np.broadcast_to(attention_bias(RAGGED, causal, np.float64), (B, 1, T, T))
-    y, cache = mha_forward(x_grid, **w, bias=bias, n_heads=H)             # (B, T, D)
-    dense = mha_backward(unpack(dy, cells, B, T), cache)                  # dy 0 at padding
-    groups = attention_groups(RAGGED, causal, np.float64, group_size)
-    y_fast, cache_fast = mha_forward_fast(pack(x_grid, cells), **w, groups=groups, n_heads=H)
+    keep = RAGGED.any(axis=1)                                             # (B,) not empty
+    mask = RAGGED[keep]                                                   # (B - 1, T)
+    x_grid = (rng.standard_normal((B, T, D)) * RAGGED[..., None]).astype(dtype)  # 0 at padding
+    w = attention_weights(rng, D, dtype)
+    layout = packed_layout(RAGGED, causal, dtype, group_size)
+    rows = dense_rows(RAGGED, layout)                                     # (n,)
+    dy = rng.standard_normal((len(rows), D)).astype(dtype)                # (n, D) layout order
+    dy_grid = np.zeros((mask.size, D), dtype)                             # (B-1 * T, D)
+    dy_grid[rows] = dy
+    bias = np.broadcast_to(attention_bias(mask, causal, dtype), (len(mask), 1, T, T))
+    y, cache = mha_forward(x_grid[keep], **w, bias=bias, n_heads=H)       # (B-1, T, D)
+    dense = mha_backward(dy_grid.reshape(len(mask), T, D), cache)
+    y_fast, cache_fast = mha_forward_fast(x_grid.reshape(-1, D)[layout.flat], **w,
+                                          groups=layout.groups, n_heads=H)
     fast = mha_backward_fast(dy, cache_fast)
-    assert rel_err(y_fast, pack(y, cells)) < 1e-10
-    assert rel_err(fast[0], pack(dense[0], cells)) < 1e-10, "dx"
-    np.testing.assert_array_equal(dense[0][~RAGGED], 0.0)                 # padding reads nothing
+    assert y_fast.dtype == dtype and all(d.dtype == dtype for d in fast)
+    assert rel_err(y_fast, y.reshape(-1, D)[rows]) < tol
+    assert rel_err(fast[0], dense[0].reshape(-1, D)[rows]) < tol, "dx"
+    np.testing.assert_array_equal(dense[0][~mask], 0.0)                   # padding reads nothing
     for name, d_fast, d_dense in zip(("w_qkv", "b_qkv", "w_o", "b_o"), fast[1:], dense[1:]):
-        assert rel_err(d_fast, d_dense) < 1e-10, f"d{name}"
+        assert rel_err(d_fast, d_dense) < tol, f"d{name}"
+
+
+def test_packed_layout_by_hand():
+    """Captions of lengths 3, 0, 1, 3, 2 (T = 4): rows sorted by length, ties in batch order."""
+    mask = np.arange(4)[None, :] < np.array([3, 0, 1, 3, 2])[:, None]     # (5, 4)
+    layout = packed_layout(mask, causal=False, dtype=np.float64)
+    assert layout.order.tolist() == [1, 2, 4, 0, 3]
+    assert layout.lengths.tolist() == [0, 1, 2, 3, 3]
+    assert layout.flat.tolist() == [8, 16, 17, 0, 1, 2, 12, 13, 14]       # b * 4 + t
+    assert layout.seq.tolist() == [2, 4, 4, 0, 0, 0, 3, 3, 3]
+    assert layout.pos.tolist() == [0, 0, 1, 0, 1, 2, 0, 1, 2]
+    assert layout.caption_rows.tolist() == [3, 4, 5, 0, 6, 7, 8, 1, 2]
+    np.testing.assert_array_equal(layout.flat[layout.caption_rows], np.flatnonzero(mask))
+    assert [g[:5] for g in layout.groups] == [(0, 1, 1, 1, 1), (1, 3, 2, 1, 2), (3, 9, 3, 2, 3)]
+    assert all(isinstance(g, AttentionGroup) and g.bias is None for g in layout.groups)
+    # at most 1 caption per group: the two of length 3 split; causal groups carry (1, 1, Tg, Tg)
+    groups = packed_layout(mask, causal=True, dtype=np.float32, group_size=1).groups
+    assert [g[:5] for g in groups] == [(0, 1, 1, 1, 1), (1, 3, 2, 1, 2), (3, 6, 3, 1, 3),
+                                       (6, 9, 4, 1, 3)]
+    np.testing.assert_array_equal(groups[2].bias[0, 0], [[0, -np.inf, -np.inf],
+                                                         [0, 0, -np.inf], [0, 0, 0]])
+    assert groups[2].bias.dtype == np.float32
+    # 5 captions of one length, at most 2 per group: near-equal groups of 2, 2, 1
+    five = packed_layout(np.ones((5, 3), bool), False, np.float64, group_size=2).groups
+    assert [(g.start, g.stop, g.first, g.Bg) for g in five] == [(0, 6, 0, 2), (6, 12, 2, 2),
+                                                                (12, 15, 4, 1)]
+
+
+def test_group_heads_is_a_view_of_the_rows():
+    """q, k, v and the merged output are views of packed rows: no gather, no scatter."""
+    qkv = np.arange(6 * 12.0).reshape(6, 12)                              # (n, 3D): D = 4, H = 2
+    g = AttentionGroup(start=2, stop=6, first=1, Bg=2, Tg=2, bias=None)
+    heads = group_heads(qkv[g.start:g.stop], g.Bg, 3 * 2)                 # (Bg, 3H, Tg, Dh)
+    assert heads.shape == (2, 6, 2, 2) and np.shares_memory(heads, qkv)
+    # caption 1 of the group (rows 4, 5), head 1 of k (columns D + Dh : D + 2 Dh = 6:8)
+    np.testing.assert_array_equal(heads[1, 3], qkv[4:6, 6:8])
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("group_size", [2, 64])
+@pytest.mark.parametrize("group_size", [1, 64])
 def test_mha_backward_fast(causal, group_size):
-    """Against finite differences, with the batch in one attention grid or split in several."""
+    """Against finite differences, with an empty and a length-1 caption, one group per caption
+    or per length."""
     rng = np.random.default_rng(7)
-    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=bool)
+    mask = np.arange(4)[None, :] < np.array([3, 4, 1, 0, 3])[:, None]     # (5, 4)
     n, D = int(mask.sum()), 6
-    groups = attention_groups(mask, causal, np.float64, group_size)
-    assert len(groups) == -(-len(mask) // group_size)
-    assert sorted(np.concatenate([g.rows for g in groups]).tolist()) == list(range(n))
-    inputs = dict(x=rng.standard_normal((n, D)), **attention_weights(rng, D), groups=groups,
-                  n_heads=2)
+    layout = packed_layout(mask, causal, np.float64, group_size)
+    covered = np.concatenate([np.arange(g.start, g.stop) for g in layout.groups])
+    assert covered.tolist() == list(range(n))                             # each row once
+    inputs = dict(x=rng.standard_normal((n, D)), **attention_weights(rng, D),
+                  groups=layout.groups, n_heads=2)
     check_layer(mha_forward_fast, mha_backward_fast, inputs, (n, D), rng)
 
 
-def test_attention_groups_do_not_change_the_output():
-    """Grids of 1, 2 or all captions give the same attention output: only padding differs."""
-    rng = np.random.default_rng(9)
-    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], bool)
-    x = rng.standard_normal((int(mask.sum()), 8))
-    w = attention_weights(rng, 8)
-    for causal in (False, True):
-        ys = [mha_forward_fast(x, **w, groups=attention_groups(mask, causal, np.float64, g),
-                               n_heads=2)[0] for g in (1, 2, 4)]
-        np.testing.assert_allclose(ys[0], ys[2], rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(ys[1], ys[2], rtol=1e-12, atol=1e-12)
-    # the grid of the two shortest captions is trimmed to their longest: 2 tokens
-    group = attention_groups(mask, False, np.float64, 2)[0]
-    assert isinstance(group, AttentionGroup) and (group.Bg, group.Tg) == (2, 2)
-    assert group.rows.tolist() == [10, 5, 6] and group.cells.tolist() == [0, 2, 3]
-    assert group.bias.shape == (2, 1, 1, 2)
-
-
-def test_pack_unpack_round_trip():
-    mask = np.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
-    cells = np.flatnonzero(mask)
-    x = np.arange(6.0).reshape(3, 2)
-    grid = unpack(x, cells, 2, 3)
-    np.testing.assert_array_equal(grid, [[[0, 1], [2, 3], [0, 0]], [[4, 5], [0, 0], [0, 0]]])
-    np.testing.assert_array_equal(pack(grid, cells), x)
-
-
 @pytest.mark.parametrize("causal", [False, True])
-def test_softmax_attention_backward_with_an_empty_caption(causal):
+def test_softmax_attention_backward(causal):
     rng = np.random.default_rng(5)
-    B, H, T, Dh = 3, 2, 5, 3
-    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=bool)
+    B, H, T, Dh = 2, 2, 5, 3
     q, k, v = (rng.standard_normal((B, H, T, Dh)) for _ in range(3))
-    bias = attention_bias(mask, causal, np.float64)
-    y, _ = softmax_attention_forward(q, k, v, bias)
-    assert np.isfinite(y).all()
-    np.testing.assert_array_equal(y[2], 0.0)               # fully padded row: zeros, never NaN
+    bias = attention_bias(np.ones((1, T), bool), True, np.float64) if causal else None
     check_layer(softmax_attention_forward, softmax_attention_backward,
                 dict(q=q, k=k, v=v, bias=bias), (B, H, T, Dh), rng)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-14), (np.float32, 1e-6)])
+def test_segment_mean_pool_equals_matrix_pool(dtype, tol):
+    """Segment mean == layers.mean_pool_forward's P @ h (rows in layout order, seq given);
+    the empty caption pools to 0; backward == P^T dz; and its own gradient check."""
+    rng = np.random.default_rng(11)
+    layout = packed_layout(RAGGED, False, dtype)
+    n, B, D = len(layout.seq), len(RAGGED), 5
+    h, dz = (rng.standard_normal(shape).astype(dtype) for shape in ((n, D), (B, D)))
+    z, cache = mean_pool_forward(h, layout.seq, B)
+    z_fast, cache_fast = mean_pool_forward_fast(h, layout)
+    assert z_fast.dtype == dtype and rel_err(z_fast, z) < tol
+    np.testing.assert_array_equal(z_fast[4], 0.0)                         # the empty caption
+    np.testing.assert_allclose(z_fast[3], h[layout.seq == 3][0])          # length 1: its row
+    dh_fast = mean_pool_backward_fast(dz, cache_fast)
+    assert dh_fast.dtype == dtype and rel_err(dh_fast, mean_pool_backward(dz, cache)) < tol
+    if dtype == np.float64:
+        check_layer(mean_pool_forward_fast, mean_pool_backward_fast, dict(h=h, layout=layout),
+                    (B, D), rng)
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 64])
+def test_fused_cross_entropy_equals_reference(block_rows):
+    """cross_entropy_fast == losses.cross_entropy: float64 to 1e-12, float32 close and its loss
+    within 1e-6 of float64's; dlogits written into the logits buffer."""
+    rng = np.random.default_rng(12)
+    logits, targets = 4 * rng.standard_normal((10, 7)), rng.integers(0, 7, 10)
+    loss, dlogits, stats = cross_entropy(logits.copy(), targets)
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-6)):
+        buffer = logits.astype(dtype)
+        loss_fast, dlogits_fast, stats_fast = cross_entropy_fast(buffer, targets, block_rows)
+        assert dlogits_fast is buffer and dlogits_fast.dtype == dtype
+        assert abs(loss_fast - loss) < tol * loss and rel_err(dlogits_fast, dlogits) < tol
+        assert stats_fast == {"ce": loss_fast, "targets": 10}
+    # and against finite differences of its own loss (float64)
+    f = lambda: cross_entropy_fast(logits.copy(), targets, block_rows)[0]
+    dlogits_fast = cross_entropy_fast(logits.copy(), targets, block_rows)[1]
+    assert rel_err(dlogits_fast, numerical_grad(f, logits)) < 1e-7
+
+
+def test_fused_cross_entropy_edge_cases():
+    # huge logits do not overflow: -log softmax([1000, 0])[1] = 1000
+    loss, dlogits, _ = cross_entropy_fast(np.array([[1000.0, 0.0]], np.float32), np.array([1]))
+    assert loss == pytest.approx(1000.0) and np.isfinite(dlogits).all()
+    # uniform logits over V = 4: loss log 4, dlogits = (1/4 - onehot) / n by hand
+    loss, dlogits, _ = cross_entropy_fast(np.zeros((2, 4)), np.array([0, 3]))
+    assert loss == pytest.approx(np.log(4), abs=1e-15)
+    np.testing.assert_allclose(dlogits, [[-0.375, 0.125, 0.125, 0.125],
+                                         [0.125, 0.125, 0.125, -0.375]], atol=1e-16)
+    with pytest.raises(ValueError, match="zero targets"):
+        cross_entropy_fast(np.zeros((0, 4), np.float32), np.zeros(0, int))
 
 
 def test_fused_gelu_equals_readable():
@@ -112,10 +192,18 @@ def test_fused_gelu_equals_readable():
 
 
 def test_fast_layers_keep_float32():
-    x = np.random.default_rng(8).standard_normal((6, 4)).astype(np.float32)
-    groups = attention_groups(np.ones((2, 3), bool), True, np.float32)
-    w = {k: v.astype(np.float32) for k, v in attention_weights(np.random.default_rng(1), 4).items()}
-    y, cache = mha_forward_fast(x, **w, groups=groups, n_heads=2)
+    """float32 in, float32 out, gradients too (layers never cast)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    layout = packed_layout(np.ones((2, 3), bool), True, np.float32)
+    w = attention_weights(np.random.default_rng(1), 4, np.float32)
+    y, cache = mha_forward_fast(x, **w, groups=layout.groups, n_heads=2)
     assert y.dtype == np.float32
     assert all(d.dtype == np.float32 for d in mha_backward_fast(x, cache))
+    z, cache = mean_pool_forward_fast(x, layout)
+    assert z.dtype == mean_pool_backward_fast(z, cache).dtype == np.float32
+    assert attention_scale(x[None, None]) == np.float32(0.5)              # 1/sqrt(Dh = 4)
+    assert attention_scale(x[None, None]).dtype == np.float32             # not a float64 scalar
+    loss, dlogits, _ = cross_entropy_fast(x.copy(), np.array([0, 1, 2, 3, 0, 1]))
+    assert isinstance(loss, float) and dlogits.dtype == np.float32
     assert gelu_forward_fast(x)[0].dtype == np.float32
