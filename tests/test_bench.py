@@ -13,7 +13,7 @@ import pytest
 from minialign.machinery import bench_torch
 from minialign.machinery.bench import KEYS, token_counts
 from minialign.machinery.cli import add_bench_args, run_bench
-from minialign.machinery.fast_layers import attention_groups
+from minialign.machinery.fast_layers import packed_layout
 from minialign.machinery.gemms import attention_grids, gemm_calls, step_flops, step_gemms
 from minialign.model import ModelConfig
 from minialign.objectives import OBJECTIVES
@@ -32,37 +32,37 @@ def test_token_counts_hand_count():
     assert token_counts("good_views", tokens)["n_targets"] == 0
 
 
-def test_step_flops_hand_count_one_grid():
-    # lengths 4, 2: n = 6, one attention grid (Bg, Tg) = (2, 4), two views of N = 1 caption
-    # per block: 2 * 6 * (3*16 + 16 + 2*4*8) = 1536 linear + 4 * 4 * (2 * 4^2) = 512 attention
-    # blocks: 3 * 2 blocks * 2048 = 12288; VICReg: 2 views x 2 products x 2*4*1*4 = 128
+def test_step_flops_hand_count_two_grids():
+    # lengths 4, 2: n = 6, attention grids (Bg, Tg) = (1, 2), (1, 4), two views of N = 1 caption
+    # per block: 2 * 6 * (3*16 + 16 + 2*4*8) = 1536 linear + 4 * 4 * (2^2 + 4^2) = 320 attention
+    # blocks: 3 * 2 blocks * 1856 = 11136; VICReg: 2 views x 2 products x 2*4*1*4 = 128
     # head on n_t = 4 rows: 3 * 2 * 4 * 4 * 10 = 960
-    assert step_flops([4, 2], TINY) == 12288 + 128
-    assert step_flops([4, 2], TINY, n_targets=4) == 12288 + 128 + 960
+    assert step_flops([4, 2], TINY) == 11136 + 128
+    assert step_flops([4, 2], TINY, n_targets=4) == 11136 + 128 + 960
 
 
 def test_step_flops_hand_count_length_groups():
-    # lengths 5, 1, 3, 2 by length: captions 1, 3 | 2, 0 -> grids (2, 2) and (2, 5); n = 11
-    assert attention_grids([5, 1, 3, 2], group_size=2) == [(2, 2), (2, 5)]
-    # per block: 2 * 11 * 128 = 2816 linear + 4 * 4 * (2 * 2^2 + 2 * 5^2) = 928 attention
-    # blocks: 3 * 2 * (2816 + 928) = 22464; VICReg, N = 2: 4 * 2*4*2*4 = 256; head n_t = 7:
+    # lengths 5, 1, 3, 2: every length its own group -> grids (1, 1), (1, 2), (1, 3), (1, 5)
+    assert attention_grids([5, 1, 3, 2], group_size=2) == [(1, 1), (1, 2), (1, 3), (1, 5)]
+    assert attention_grids([3, 3, 3, 0, 2], group_size=2) == [(1, 2), (2, 3), (1, 3)]
+    # per block: 2 * 11 * 128 = 2816 linear + 4 * 4 * (1 + 4 + 9 + 25) = 624 attention
+    # blocks: 3 * 2 * (2816 + 624) = 20640; VICReg, N = 2: 4 * 2*4*2*4 = 256; head n_t = 7:
     # 3 * 2*7*4*10 = 1680
-    assert step_flops([5, 1, 3, 2], TINY, n_targets=7, group_size=2) == 22464 + 256 + 1680
-    # one grid (4, 5), the padded layout: attention 4 * 4 * 4 * 25 = 1600 per block
-    assert step_flops([5, 1, 3, 2], TINY) == 3 * 2 * (2816 + 1600) + 256
+    assert step_flops([5, 1, 3, 2], TINY, n_targets=7, group_size=2) == 20640 + 256 + 1680
+    assert step_flops([5, 1, 3, 2], TINY) == 20640 + 256
 
 
 def test_attention_grids_match_fast_layers():
     rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 20, size=150)                               # 150 ragged captions
+    lengths = rng.integers(0, 20, size=150)                               # ragged, some empty
     mask = np.arange(lengths.max())[None, :] < lengths[:, None]           # (150, T)
-    groups = attention_groups(mask, False, np.float32)
+    groups = packed_layout(mask, False, np.float32).groups
     assert [(g.Bg, g.Tg) for g in groups] == attention_grids(lengths)
-    assert len(groups) == 3                                               # ceil(150 / 64)
+    assert sum(g.Bg for g in groups) == np.count_nonzero(lengths)          # empty: in no group
 
 
 def test_gemm_calls_shapes_counts_and_layouts():
-    gemms = step_gemms([5, 1, 3, 2], TINY, n_targets=7, group_size=2)
+    gemms = step_gemms([5, 4, 3, 2], TINY, n_targets=7, group_size=2)  # no size-1 axis
     calls = gemm_calls(gemms, np.random.default_rng(0))
     assert len(calls) == sum(g.count for g in gemms)
     expanded = [g for g in gemms for _ in range(g.count)]

@@ -8,7 +8,7 @@ F = mlp_ratio * D, H heads of Dh = D / H:
                   the MLP in (D, F) and out (F, D); backward dx = dy @ w^T (n, N) @ (N, K)
                   and dw = x^T @ dy (K, n) @ (n, N): three products of 2 n K N FLOPs each.
   attention       per length group g of Bg captions trimmed to Tg tokens (attention_grids:
-                  the rule of fast_layers.attention_groups), Bg * H products each of
+                  fast_layers.packed_layout's groups, each of one length), Bg * H products each of
                   q k^T (Tg, Dh) @ (Dh, Tg) and probs v (Tg, Tg) @ (Tg, Dh); backward
                   dv = probs^T dy, dprobs = dy v^T, dq = dscores k, dk = dscores^T q.
                   Causal attention runs the same full Tg x Tg products (the hidden half is
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .fast_layers import ATTENTION_GROUP
+from .fast_layers import ATTENTION_GROUP, packed_layout
 
 
 class Gemm(NamedTuple):
@@ -49,14 +49,12 @@ class Gemm(NamedTuple):
 
 
 def attention_grids(lengths, group_size=ATTENTION_GROUP):
-    """(Bg, Tg) of each attention grid the model runs, by fast_layers.attention_groups' rule:
-    captions sorted by length (stable), np.array_split into ceil(B / group_size) groups,
-    each trimmed to its longest caption (at least 1 token).
-    lengths: (B,) int, real tokens per caption. Returns a list of (Bg, Tg) int pairs."""
+    """(Bg, Tg) of each attention grid the model runs: fast_layers.packed_layout's own groups
+    (the captions of one length, split into near-equal groups of at most group_size; empty
+    captions in none). lengths: (B,) int, real tokens per caption. Returns [(Bg, Tg), ...]."""
     lengths = np.asarray(lengths)
-    order = np.argsort(lengths, kind="stable")                            # (B,) short to long
-    return [(len(seqs), max(1, int(lengths[seqs].max())))
-            for seqs in np.array_split(order, -(-len(order) // group_size))]
+    mask = np.arange(max(1, int(lengths.max(initial=0))))[None, :] < lengths[:, None]  # (B, T)
+    return [(g.Bg, g.Tg) for g in packed_layout(mask, False, np.float32, group_size).groups]
 
 
 def linear_gemms(name, count, M, K, N):
