@@ -16,7 +16,6 @@ import pytest
 from minialign import train
 from minialign.machinery import cli, estimate, jobs, replicate, synthetic
 from minialign.machinery.protocol import Protocol, run_name
-from minialign.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

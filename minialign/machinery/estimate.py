@@ -1,4 +1,5 @@
-"""How long a replicate grid will take on this machine, measured before committing a night.
+"""How a replicate grid runs on this machine: how many runs at once (--jobs, within the
+memory), and how long it will take, measured before committing a night.
 
 `replicate --dry-run` (and `replicate` itself, first, unless --no-estimate) starts, for each
 objective, --jobs timing processes at once, each on --threads cores (jobs.start), so the
@@ -18,6 +19,7 @@ Not counted: checkpoint writes and image evaluation (seconds per run).
 import dataclasses
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,8 +31,9 @@ from ..model import init_params
 from ..train import prepare
 from . import bench, jobs as jobs_, monitor
 from .files import atomic_write_json, read_json
-from .protocol import planned_runs, run_name
-from .rundir import is_finished
+from .machine import available_cores, describe
+from .protocol import planned_runs, run_config, run_name
+from .rundir import LOG, is_finished
 
 MEASURE_WARMUP = 1   # untimed steps first (page faults, BLAS thread start-up)
 MEASURE_STEPS = 3    # timed steps per process; the median is kept
@@ -153,3 +156,45 @@ def print_estimate(protocol, out, jobs, threads, per_run_mb):
     estimate = grid_estimate(protocol, out, measured, jobs)
     print(format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb), flush=True)
     return {**estimate, "measured": json.loads(json.dumps(measured))}
+
+
+# ---------------------------------------------------------------- --jobs and the ETA while running
+def choose_jobs(protocol, args, vocab_size):
+    """--jobs (default: jobs.default_jobs from the cores, the memory and the grid's runs) and
+    --threads per run (default: cores // jobs; None with one job: numpy's own default).
+    Returns (jobs, threads, per-run memory estimate in MB). Raises ValueError when the runs
+    would not fit in the machine's available memory (jobs.check_jobs_fit)."""
+    per_run_mb = max(jobs_.run_memory_mb(run_config(protocol, obj, protocol.seeds[0]),
+                                         vocab_size) for obj in protocol.objectives)
+    available_mb, cores = jobs_.mem_available_mb(), available_cores()
+    runs = len({run_name(cfg) for cfg in planned_runs(protocol)})
+    jobs = args.jobs or jobs_.default_jobs(cores, per_run_mb, available_mb, runs)
+    jobs_.check_jobs_fit(jobs, per_run_mb, available_mb)
+    threads = args.threads or (jobs_.threads_per_run(jobs, cores) if jobs > 1 else None)
+    memory = (f"~{per_run_mb:,.0f} MB per run of {available_mb:,.0f} MB available"
+              if available_mb is not None else "available memory unknown")
+    print(f"[replicate] --jobs {jobs}{'' if args.jobs else ' (default)'} x --threads "
+          f"{threads or describe()['blas_threads']}: {cores} cores, {memory}", flush=True)
+    if jobs * (threads or 1) > cores:
+        print(f"warning: --jobs {jobs} x --threads {threads or 1} > {cores} cores: the runs "
+              f"will slow each other down", file=sys.stderr, flush=True)
+    return jobs, threads, per_run_mb
+
+
+def seconds_left(run_dir, cfg, tally):
+    """Seconds a run in progress still needs: its steps not yet in log.jsonl x its
+    objective's measured s/step (else every objective's; 0 before any measurement)."""
+    ms = (tally["ms_per_step"].get(cfg.objective)
+          or [v for vs in tally["ms_per_step"].values() for v in vs] or [0.0])
+    try:
+        with open(Path(run_dir) / LOG, "rb") as f:
+            done = sum(1 for _ in f)
+    except OSError:
+        done = 0
+    return max(0, cfg.steps - done) * float(np.mean(ms)) / 1000
+
+
+def busy_seconds(out, tally):
+    """Seconds left of each run in progress (seconds_left)."""
+    return [seconds_left(Path(out) / "runs" / name, cfg, tally)
+            for name, (_, cfg) in tally["running"].items()]

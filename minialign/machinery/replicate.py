@@ -16,6 +16,12 @@ environment.json, and runs/<objective>-lr<lr>-seed<seed>/, each a train.train ru
 Resuming is two-level: a finished run is skipped, the run in progress continues from its
 last checkpoint (train.train(resume=True)), so a rerun of the same command loses at most
 eval_every steps. A run whose loss diverged gets diverged.json and is not retried.
+
+--jobs N runs N runs at once, each in its own process (jobs.py) on --threads cores (default
+cores // N), its output in out/logs/<run>.log; a run starts as soon as a slot is free and the
+runs it depends on are scored (wanted_runs: only the search's extensions depend on others).
+A run's numbers depend on its --threads, not on --jobs. Before the grid, replicate prints how
+long it will take (estimate.py; --dry-run: only that).
 """
 
 import sys
@@ -31,10 +37,10 @@ from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_
                          sha256_file)
 from .files import DirLock, atomic_write_json
 from . import jobs as jobs_
-from .machine import available_cores, describe, use_cores
+from .machine import describe, use_cores
 from .protocol import (lr_search, planned_runs, run_config, run_name, save_protocol,
                        selection_score)
-from .rundir import LOG, Diverged, is_diverged, is_finished, read_metrics
+from .rundir import Diverged, is_diverged, is_finished, read_metrics
 
 EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
 
@@ -218,24 +224,12 @@ def start_child(out, cfg, emb, threads, tally, jobs):
     """Start train_and_score of one run in its own process (jobs.start), saying so with the
     grid's ETA."""
     run_dir = Path(out) / "runs" / run_name(cfg)
-    busy = busy_seconds(out, tally)
+    busy = estimate.busy_seconds(out, tally)
     print(f"[replicate] start {tally['done'] + len(tally['running']) + 1}/{tally['total']}: "
           f"{run_dir.name} ({threads} thread(s), output in {child_log(out, run_dir.name)}) | "
           f"{eta_line(tally, cfg.steps, jobs, busy)}", flush=True)
     return jobs_.start(train_and_score, (cfg, run_dir, emb, False), threads,
                        child_log(out, run_dir.name))
-
-
-def seconds_left(run_dir, cfg, tally):
-    """Seconds a run in progress still needs: its steps not yet in log.jsonl x its
-    objective's measured s/step (0 before any measurement)."""
-    ms = tally["ms_per_step"].get(cfg.objective) or [0.0]
-    try:
-        with open(Path(run_dir) / LOG, "rb") as f:
-            done = sum(1 for _ in f)
-    except OSError:
-        done = 0
-    return max(0, cfg.steps - done) * float(np.mean(ms)) / 1000
 
 
 def finish_child(out, name, exitcode, tally, jobs, steps):
@@ -245,18 +239,15 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
     if exitcode == jobs_.EXIT_INTERRUPTED:
         raise KeyboardInterrupt
     if exitcode not in (0, EXIT_DIVERGED):
-        raise OSError(f"{name}: the run's process failed (exit code {exitcode}): "
+        how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
+        raise OSError(f"{name}: the run's process failed ({how}): "
                            f"{jobs_.log_tail(log) or 'no output'} (all of it: {log})")
     record_finished(Path(out) / "runs" / name, tally)
     state = "diverged, not retried" if exitcode == EXIT_DIVERGED else "finished"
-    print(f"[replicate] {state}: {name} | {eta_line(tally, steps, jobs, busy_seconds(out, tally))}",
+    print(f"[replicate] {state}: {name} | {eta_line(tally, steps, jobs, estimate.busy_seconds(out, tally))}",
           flush=True)
 
 
-def busy_seconds(out, tally):
-    """Seconds left of each run in progress (seconds_left)."""
-    return [seconds_left(Path(out) / "runs" / name, cfg, tally)
-            for name, (_, cfg) in tally["running"].items()]
 
 
 def needs_evaluation(run_dir, emb):
@@ -296,28 +287,6 @@ def load_image_embeddings(args):
     return emb
 
 
-def choose_jobs(protocol, args, vocab_size):
-    """--jobs (default: jobs.default_jobs from the cores, the memory and the grid's runs) and
-    --threads per run (default: cores // jobs; None with one job: numpy's own default).
-    Returns (jobs, threads, per-run memory estimate in MB). Raises ValueError when the runs
-    would not fit in the machine's available memory (jobs.check_jobs_fit)."""
-    per_run_mb = max(jobs_.run_memory_mb(run_config(protocol, obj, protocol.seeds[0]),
-                                         vocab_size) for obj in protocol.objectives)
-    available_mb, cores = jobs_.mem_available_mb(), available_cores()
-    runs = len({run_name(cfg) for cfg in planned_runs(protocol)})
-    jobs = args.jobs or jobs_.default_jobs(cores, per_run_mb, available_mb, runs)
-    jobs_.check_jobs_fit(jobs, per_run_mb, available_mb)
-    threads = args.threads or (jobs_.threads_per_run(jobs, cores) if jobs > 1 else None)
-    memory = (f"~{per_run_mb:,.0f} MB per run of {available_mb:,.0f} MB available"
-              if available_mb is not None else "available memory unknown")
-    print(f"[replicate] --jobs {jobs}{'' if args.jobs else ' (default)'} x --threads "
-          f"{threads or describe()['blas_threads']}: {cores} cores, {memory}", flush=True)
-    if jobs * (threads or 1) > cores:
-        print(f"warning: --jobs {jobs} x --threads {threads or 1} > {cores} cores: the runs "
-              f"will slow each other down", file=sys.stderr, flush=True)
-    return jobs, threads, per_run_mb
-
-
 def run_replicate(protocol, args):
     """`python -m minialign replicate`: the estimate (unless --no-estimate), the grid, then
     results.md, results.json and figures; --dry-run: the estimate only, nothing written.
@@ -325,7 +294,7 @@ def run_replicate(protocol, args):
     before --out is touched."""
     data = train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
     emb = load_image_embeddings(args)
-    jobs, threads, per_run_mb = choose_jobs(protocol, args, data["tokenizer"].vocab_size)
+    jobs, threads, per_run_mb = estimate.choose_jobs(protocol, args, data["tokenizer"].vocab_size)
     del data
     if args.dry_run or not args.no_estimate:
         found = estimate.print_estimate(protocol, args.out, jobs,
