@@ -57,8 +57,8 @@ DEMO       ?= results/synthetic
 DEMO_WORLD ?= $(DEMO)/world
 
 # JOBS=N: runs at once, each in its own process on cores/N BLAS threads (empty: one per core,
-# as many as fit in memory). Each prints how long it will take first (a short timing);
-# `make eta` / `make eta-quick` print only that, with the same flags, and write nothing.
+# as many as fit in memory). `make replicate` prints how long it will take first (a ~1 min
+# timing); `make eta` / `make eta-quick` print only that, with the same flags, write nothing.
 JOBS       ?=
 JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS))
 REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
@@ -88,7 +88,7 @@ QUICK_ARGS = --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
 	--warmup-steps 20 --eval-every 50 --lr-search off $(JOBS_FLAG)
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
 	$(CHECK_QUICK)
-	$(PY) -m minialign replicate $(QUICK_ARGS)
+	$(PY) -m minialign replicate $(QUICK_ARGS) --no-estimate
 
 eta-quick:          ## how long `make replicate-quick` will take here; writes nothing
 	$(CHECK_QUICK)

@@ -7,7 +7,8 @@ step time measured is the one under the contention the grid will see. Each times
 training steps (bench.time_steps: objective, clipping, AdamW on one real batch) and one val
 evaluation (monitor.evaluate: embed the val captions, text metrics, save them). Then
 
-    one run  = steps x ms/step + val evaluations x their time + the final evaluation
+    one run  = reading the captions + steps x ms/step + val evaluations x their time
+               + the final evaluation
     the grid = the runs not finished yet, started in replicate's order on --jobs slots
                (jobs.makespan), and, as the upper end of a range, the lr searches' possible
                extensions: max_extensions more runs per objective, one after another.
@@ -18,6 +19,7 @@ Not counted: checkpoint writes and image evaluation (seconds per run).
 """
 import dataclasses
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -37,19 +39,25 @@ from .rundir import LOG, is_finished
 
 MEASURE_WARMUP = 1   # untimed steps first (page faults, BLAS thread start-up)
 MEASURE_STEPS = 3    # timed steps per process; the median is kept
+BARRIER_TIMEOUT_S = 600   # a timing process waits this long for the others to be ready
 
 
-def measure_child(cfg, warmup, steps, result_path):
+def measure_child(cfg, warmup, steps, result_path, barrier):
     """A timing process (jobs.start): `warmup` + `steps` training steps of cfg on one batch and
-    one val evaluation; writes {"ms_per_step", "val_eval_s", "photos": {split: n},
-    "peak_rss_mb"} to result_path (JSON)."""
+    one val evaluation, started together with the other timing processes (barrier: a
+    multiprocessing.Barrier) so that they contend as runs of the grid do; writes
+    {"ms_per_step", "val_eval_s", "prepare_s", "photos": {split: n}, "peak_rss_mb"} to
+    result_path (prepare_s: reading and tokenizing the captions, as each run does first)."""
+    t0 = time.perf_counter()
     data = prepare(cfg)
+    prepare_s = time.perf_counter() - t0
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(      # as train.train does
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
     params = init_params(cfg.model, rng_init)
     batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
+    barrier.wait(BARRIER_TIMEOUT_S)
     seconds = bench.time_steps(cfg.objective, cfg, batch, params, rng_mask, warmup, steps)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "captions").mkdir()
@@ -58,6 +66,7 @@ def measure_child(cfg, warmup, steps, result_path):
         val_eval_s = time.perf_counter() - t0
     atomic_write_json(result_path, {
         "ms_per_step": 1000 * statistics.median(seconds), "val_eval_s": val_eval_s,
+        "prepare_s": prepare_s,
         "photos": {k: len(v) for k, v in data["split"].items()},
         "peak_rss_mb": bench.peak_rss_mb()})
 
@@ -72,8 +81,9 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
             cfg = dataclasses.replace(protocol.base, objective=objective,
                                       seed=protocol.seeds[0])
             paths = [Path(tmp) / f"{objective}-{i}.json" for i in range(jobs)]
-            processes = [jobs_.start(measure_child, (cfg, warmup, steps, path), threads)
-                         for path in paths]
+            barrier = multiprocessing.get_context("spawn").Barrier(jobs)
+            processes = [jobs_.start(measure_child, (cfg, warmup, steps, path, barrier),
+                                     threads) for path in paths]
             try:
                 for p in processes:
                     p.join()
@@ -90,15 +100,18 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
             measured[objective] = {
                 "ms_per_step": statistics.median(r["ms_per_step"] for r in found),
                 "val_eval_s": val_eval_s,
+                "prepare_s": statistics.median(r["prepare_s"] for r in found),
                 "final_eval_s": val_eval_s * sum(photos.values()) / photos["val"],
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in found)}
     return measured
 
 
 def run_seconds(cfg, m):
-    """Wall time of one run of cfg, s, from its objective's measurement m (measure's)."""
+    """Wall time of one run of cfg, s, from its objective's measurement m (measure's):
+    preparing its data, its steps, its val evaluations and the final one."""
     val_evals = (cfg.steps - 1) // cfg.eval_every          # the last step's is the final one
-    return cfg.steps * m["ms_per_step"] / 1000 + val_evals * m["val_eval_s"] + m["final_eval_s"]
+    return (m.get("prepare_s", 0.0) + cfg.steps * m["ms_per_step"] / 1000
+            + val_evals * m["val_eval_s"] + m["final_eval_s"])
 
 
 def grid_estimate(protocol, out, measured, jobs):
@@ -127,6 +140,7 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
     b = protocol.base
     steps = ", ".join(f"{obj} {m['ms_per_step']:.0f} ms/step" for obj, m in measured.items())
     evals = ", ".join(f"{m['val_eval_s']:.1f} s" for m in measured.values())
+    prep = max(m["prepare_s"] for m in measured.values())
     rss = max(m["peak_rss_mb"] for m in measured.values())
     search = (f"lr search {protocol.lr_min:.2e}..{protocol.lr_max:.2e}, "
               f"{protocol.lr_per_decade}/decade" if protocol.lr_per_decade else "no lr search")
@@ -138,7 +152,8 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
         f"{b.steps} steps x {b.batch_photos} photos each, val evaluation every "
         f"{b.eval_every} steps; --jobs {jobs} x --threads {threads}",
         f"[estimate] measured with {jobs} timing process(es) at once, {threads} thread(s) "
-        f"each: {steps}; one val evaluation {evals}; peak memory {rss:,.0f} MB per run "
+        f"each: {steps}; one val evaluation {evals}; reading the captions {prep:.1f} s; "
+        f"peak memory {rss:,.0f} MB per run "
         f"(--jobs checks ~{per_run_mb:,.0f} MB)",
         f"[estimate] this grid on this machine: {hours(estimate['seconds'])}{extra}"])
 
