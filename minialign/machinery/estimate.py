@@ -82,11 +82,15 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
                                       seed=protocol.seeds[0])
             paths = [Path(tmp) / f"{objective}-{i}.json" for i in range(jobs)]
             barrier = multiprocessing.get_context("spawn").Barrier(jobs)
-            processes = [jobs_.start(measure_child, (cfg, warmup, steps, path, barrier),
-                                     threads) for path in paths]
+            processes = []
             try:
-                for p in processes:
-                    p.join()
+                for path in paths:
+                    jobs_.start(measure_child, (cfg, warmup, steps, path, barrier), threads,
+                                None, processes)
+                while any(p.exitcode is None for p in processes):
+                    done = jobs_.wait_any([p for p in processes if p.exitcode is None])
+                    if any(p.exitcode != 0 for p in done):
+                        barrier.abort()             # the others stop waiting for it
             finally:
                 jobs_.stop_all(processes)
             if any(p.exitcode == jobs_.EXIT_INTERRUPTED for p in processes):

@@ -142,15 +142,18 @@ def _child(target, args, threads, log_path):
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def start(target, args, threads, log_path=None):
+def start(target, args, threads, log_path, started):
     """Start target(*args) in a spawned child on `threads` cores (None: numpy's default, as
-    the environment's OPENBLAS_NUM_THREADS says); returns its
-    multiprocessing.Process. target: a module-level function (the child imports it)."""
+    the environment's OPENBLAS_NUM_THREADS says), append its multiprocessing.Process to the
+    list `started` and return it. target: a module-level function (the child imports it).
+    SIGINT is blocked here until the child is in `started`, so a Ctrl-C at that moment
+    reaches a parent that knows every child it must stop (stop_all(started))."""
     process = multiprocessing.get_context("spawn").Process(
         target=_child, args=(target, args, threads, log_path), daemon=False)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})     # inherited by the child
     try:
         process.start()
+        started.append(process)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return process

@@ -172,7 +172,7 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
     emb = emb and {"data": emb, "sha256": sha256_file(emb.path)}
     metric = "mutual_knn" if emb else "paraphrase_R@1"
     tally, handled, t0 = new_tally(protocol, out), set(), time.perf_counter()
-    running = tally["running"]                    # name: (process, cfg)
+    running, children = tally["running"], []      # name: (process, cfg); every child started
     try:
         while True:
             ready = [cfg for cfg in wanted_runs(protocol, out, emb, metric)
@@ -187,7 +187,8 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
                     run_one(out, cfg, emb, tally, progress)
                     handled.add(name)
                 else:
-                    running[name] = (start_child(out, cfg, emb, threads, tally, jobs), cfg)
+                    running[name] = (start_child(out, cfg, emb, threads, tally, jobs,
+                                                 children), cfg)
                 continue
             if not running:
                 break
@@ -197,7 +198,7 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
                 finish_child(out, name, process.exitcode, tally, jobs, cfg.steps)
                 handled.add(name)
     finally:
-        jobs_.stop_all([p for p, _ in running.values()])
+        jobs_.stop_all(children)                  # those still running: SIGINT, then wait
     searches = {}
     for objective in protocol.objectives if protocol.lr_per_decade else ():
         searches[objective] = search = lr_search(
@@ -220,16 +221,16 @@ def child_log(out, name):
     return Path(out) / "logs" / f"{name}.log"
 
 
-def start_child(out, cfg, emb, threads, tally, jobs):
-    """Start train_and_score of one run in its own process (jobs.start), saying so with the
-    grid's ETA."""
+def start_child(out, cfg, emb, threads, tally, jobs, children):
+    """Start train_and_score of one run in its own process (jobs.start, which appends it to
+    `children`), saying so with the grid's ETA."""
     run_dir = Path(out) / "runs" / run_name(cfg)
     busy = estimate.busy_seconds(out, tally)
     print(f"[replicate] start {tally['done'] + len(tally['running']) + 1}/{tally['total']}: "
           f"{run_dir.name} ({threads} thread(s), output in {child_log(out, run_dir.name)}) | "
           f"{eta_line(tally, cfg.steps, jobs, busy)}", flush=True)
     return jobs_.start(train_and_score, (cfg, run_dir, emb, False), threads,
-                       child_log(out, run_dir.name))
+                       child_log(out, run_dir.name), children)
 
 
 def finish_child(out, name, exitcode, tally, jobs, steps):
