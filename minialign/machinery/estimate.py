@@ -181,14 +181,20 @@ def print_estimate(protocol, out, jobs, threads, per_run_mb):
 def choose_jobs(protocol, args, vocab_size):
     """--jobs (default: jobs.default_jobs from the cores, the memory and the grid's runs) and
     --threads per run (default: cores // jobs; None with one job: numpy's own default).
-    Returns (jobs, threads, per-run memory estimate in MB). Raises ValueError when the runs
-    would not fit in the machine's available memory (jobs.check_jobs_fit)."""
+    Returns (jobs, threads, per-run memory estimate in MB). Raises ValueError when jobs > 1
+    runs would not fit in the machine's available memory (jobs.check_jobs_fit); one run that
+    may not fit gets a warning (the estimate errs high; swap may hold the rest)."""
     per_run_mb = max(jobs_.run_memory_mb(run_config(protocol, obj, protocol.seeds[0]),
                                          vocab_size) for obj in protocol.objectives)
     available_mb, cores = jobs_.mem_available_mb(), available_cores()
     runs = len({run_name(cfg) for cfg in planned_runs(protocol)})
     jobs = args.jobs or jobs_.default_jobs(cores, per_run_mb, available_mb, runs)
-    jobs_.check_jobs_fit(jobs, per_run_mb, available_mb)
+    try:
+        jobs_.check_jobs_fit(jobs, per_run_mb, available_mb)
+    except ValueError as err:
+        if jobs > 1:
+            raise
+        print(f"warning: {err}".replace("; use --jobs 1 or fewer", ""), file=sys.stderr)
     threads = args.threads or (jobs_.threads_per_run(jobs, cores) if jobs > 1 else None)
     memory = (f"~{per_run_mb:,.0f} MB per run of {available_mb:,.0f} MB available"
               if available_mb is not None else "available memory unknown")

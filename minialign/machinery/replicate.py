@@ -32,11 +32,10 @@ import numpy as np
 
 from .. import train
 from ..data import load_coco_captions, split_photos
-from . import estimate, evaluate, report
+from . import estimate, evaluate, jobs as jobs_, report   # jobs_: `jobs` is the run count
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
 from .files import DirLock, atomic_write_json
-from . import jobs as jobs_
 from .machine import describe, use_cores
 from .protocol import (lr_search, planned_runs, run_config, run_name, save_protocol,
                        selection_score)
