@@ -15,7 +15,9 @@ import pytest
 
 from minialign import train
 from minialign.machinery import cli, estimate, jobs, replicate, synthetic
+from minialign.machinery.files import DirLock
 from minialign.machinery.protocol import Protocol, run_name
+from minialign.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -210,3 +212,20 @@ def test_too_many_jobs_for_the_memory_are_refused_before_anything_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("minialign replicate: error: --jobs 100000:")
     assert "MB available" in err[0] and not out.exists()
+
+
+def test_a_run_locked_by_another_process_stops_the_grid_in_one_line(world, tmp_path):
+    captions, _ = world
+    base = train.TrainConfig(captions=str(captions), steps=6, batch_photos=16, eval_every=3,
+                             warmup_steps=2, model=ModelConfig(d_model=16, n_layers=1,
+                                                               n_heads=2, max_len=64))
+    protocol = Protocol(base=base, objectives=("good_views", "next_token"), seeds=(0,),
+                        lr_per_decade=0)
+    locked = tmp_path / "runs" / "good_views-lr1.00e-03-seed0"
+    with DirLock(locked):                             # as a `train --out` of that folder would
+        with pytest.raises(OSError) as err:
+            replicate.replicate(protocol, tmp_path, None, progress=False, jobs=2, threads=1)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(
+        "good_views-lr1.00e-03-seed0: the run's process failed (exit code 2): error: ")
+    assert "in use by another minialign process" in message
