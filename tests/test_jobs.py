@@ -229,3 +229,19 @@ def test_a_run_locked_by_another_process_stops_the_grid_in_one_line(world, tmp_p
     assert "\n" not in message and message.startswith(
         "good_views-lr1.00e-03-seed0: the run's process failed (exit code 2): error: ")
     assert "in use by another minialign process" in message
+
+
+def test_dry_run_times_each_objective_prints_the_plan_and_writes_nothing(world, tmp_path,
+                                                                        capsys):
+    out = tmp_path / "results"
+    assert cli.main(grid_argv(world, out, "--jobs", "2", "--threads", "1", "--dry-run")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    plan = next(line for line in lines if line.startswith("[estimate] plan:"))
+    assert plan.startswith("[estimate] plan: 4 of 4 runs left (2 objectives x 1 seeds, lr "
+                           "search 1.00e-03..1.00e-02, 1/decade), 24 steps x 16 photos each")
+    assert plan.endswith("--jobs 2 x --threads 1")
+    measured = next(line for line in lines if line.startswith("[estimate] measured with 2 "))
+    assert "good_views" in measured and "next_token" in measured
+    assert any(line.startswith("[estimate] this grid on this machine: ") and
+               "if every lr search extends its grid (2 more runs)" in line for line in lines)
+    assert not out.exists()
