@@ -87,9 +87,8 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
                 for path in paths:
                     jobs_.start(measure_child, (cfg, warmup, steps, path, barrier), threads,
                                 None, processes)
-                while any(p.exitcode is None for p in processes):
-                    done = jobs_.wait_any([p for p in processes if p.exitcode is None])
-                    if any(p.exitcode != 0 for p in done):
+                while alive := [p for p in processes if p.exitcode is None]:
+                    if any(p.exitcode != 0 for p in jobs_.wait_any(alive)):
                         barrier.abort()             # the others stop waiting for it
             finally:
                 jobs_.stop_all(processes)

@@ -161,11 +161,13 @@ def start(target, args, threads, log_path, started):
 
 def wait_any(processes, timeout=None):
     """Block until at least one of `processes` has exited (or timeout s); return those that
-    have, joined."""
-    wait_sentinels([p.sentinel for p in processes], timeout)
-    done = [p for p in processes if p.exitcode is not None]
+    have, joined (reaped). An empty list returns at once (poll() on no file would block)."""
+    if not processes:
+        return []
+    ready = set(wait_sentinels([p.sentinel for p in processes], timeout))
+    done = [p for p in processes if p.sentinel in ready]
     for p in done:
-        p.join()
+        p.join()                  # its sentinel closes at exit, a moment before it is reapable
     return done
 
 
