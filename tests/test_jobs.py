@@ -115,6 +115,10 @@ def test_default_jobs(cores, per_run, available, runs, expected):
     assert jobs.default_jobs(cores, per_run, available, runs) == expected
 
 
+def test_wait_any_on_no_process_returns_at_once():
+    assert jobs.wait_any([]) == []          # poll() on no file would block forever
+
+
 def test_threads_per_run():
     assert [jobs.threads_per_run(n, 2) for n in (1, 2, 3)] == [2, 1, 1]
     assert jobs.threads_per_run(3, 8) == 2
