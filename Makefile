@@ -12,7 +12,8 @@ STEPS      ?= 3000
 SEED       ?= 0
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
 
-.PHONY: install install-export test data embeddings train bench demo replicate replicate-quick report
+.PHONY: install install-export test data embeddings train bench demo replicate replicate-quick \
+        eta eta-quick report
 
 install:            ## numpy, pillow, tqdm + pytest
 	$(PY) -m pip install -e '.[test]'
@@ -55,10 +56,21 @@ QUICK      ?= results/coco-quick
 DEMO       ?= results/synthetic
 DEMO_WORLD ?= $(DEMO)/world
 
+# JOBS=N: runs at once, each in its own process on cores/N BLAS threads (empty: one per core,
+# as many as fit in memory). `make replicate` prints how long it will take first (a ~1 min
+# timing); `make eta` / `make eta-quick` print only that, with the same flags, write nothing.
+JOBS       ?=
+JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS))
+REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
+	--out $(RESULTS) $(JOBS_FLAG)
+
 replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-3 + per-objective lr search
 	$(CHECK_CAPTIONS)
-	$(PY) -m minialign replicate --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) \
-	    --image-eval $(IMAGE_EVAL) --out $(RESULTS)
+	$(PY) -m minialign replicate $(REPLICATE_ARGS)
+
+eta:                ## how long `make replicate` (same JOBS, IMAGE_EVAL) will take here; writes nothing
+	$(CHECK_CAPTIONS)
+	$(PY) -m minialign replicate $(REPLICATE_ARGS) --dry-run
 
 # The classroom version, ~8 min on 2 idle cores (~23 min measured on a busy machine): one seed, no lr search, 200 steps of
 # 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token).
@@ -71,11 +83,16 @@ QUICK_EMBEDDINGS ?= $(strip $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDI
 CHECK_QUICK = @test -n "$(QUICK_CAPTIONS)" || { echo 'no captions file: none of $(SUBSET), \
 	coco/annotations/captions_val2017.json, $(SHARED)/captions_val2017.json exists; \
 	`make data` creates one' >&2; exit 2; }
+QUICK_ARGS = --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
+	--image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
+	--warmup-steps 20 --eval-every 50 --lr-search off $(JOBS_FLAG)
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
 	$(CHECK_QUICK)
-	$(PY) -m minialign replicate --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
-	    --image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
-	    --warmup-steps 20 --eval-every 50 --lr-search off
+	$(PY) -m minialign replicate $(QUICK_ARGS) --no-estimate
+
+eta-quick:          ## how long `make replicate-quick` will take here; writes nothing
+	$(CHECK_QUICK)
+	$(PY) -m minialign replicate $(QUICK_ARGS) --dry-run
 
 # The grid on a SYNTHETIC world (no COCO needed): D=32, 1 block, 120 steps x 64 photos, with
 # an lr search over 1e-3..1e-2. Its matrices are tiny, so one BLAS thread is the fastest.

@@ -20,6 +20,7 @@ PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
     "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.machine": 0,
+    "machinery.jobs": 1,
     "data": 1, "machinery.fast_layers": 1, "machinery.rundir": 1, "machinery.embeddings": 1,
     "machinery.figures": 1, "machinery.slurm": 1, "machinery.speed": 0, "machinery.scaling": 3,
     "model": 2, "machinery.gemms": 2, "machinery.checkpoint": 2, "machinery.download": 2,
@@ -29,7 +30,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "train": 5,
     "machinery.encoder": 6, "machinery.protocol": 6, "machinery.evaluate": 6,
     "machinery.synthetic": 6, "machinery.coco": 6, "machinery.export": 6, "machinery.bench": 6,
-    "machinery.report": 7, "machinery.bench_torch": 7,
+    "machinery.report": 7, "machinery.bench_torch": 7, "machinery.estimate": 7,
     "machinery.replicate": 8,
     "machinery.cli": 9,
     "__main__": 10,

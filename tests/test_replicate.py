@@ -65,8 +65,9 @@ def test_lr_search_stops_at_the_first_unfinished_run():
     scores = {1e-4: 0.3, 3.16e-4: 0.2, 1e-3: 0.1, 3.16e-3: 0.0, 1e-2: 0.0}
     search = lr_search(protocol, scores.get)
     assert search["todo"] == 3.16e-5 and search["chosen"] is None      # the next to run
-    search = lr_search(protocol, {**scores, 1e-3: None}.get)
-    assert search["todo"] == 1e-3
+    assert search["missing"] == [3.16e-5]
+    search = lr_search(protocol, {**scores, 1e-3: None, 1e-2: None}.get)
+    assert search["todo"] == 1e-3 and search["missing"] == [1e-3, 1e-2]   # side by side
 
 
 def test_grid_lr_and_run_names():

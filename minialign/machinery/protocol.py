@@ -61,6 +61,19 @@ def run_config(protocol, objective, seed, lr=None):
                                lr=protocol.base.lr if lr is None else lr)
 
 
+def planned_runs(protocol):
+    """The runs known before any result, in the order replicate starts them: the seed grid
+    (seed-major, so an early stop leaves every objective with a seed), then each objective's
+    initial lr grid on the first seed. A name may appear twice (a grid lr equal to the shared
+    lr is the seed grid's run); extensions of the search come later (lr_search)."""
+    seed_grid = [run_config(protocol, obj, seed) for seed in protocol.seeds
+                 for obj in protocol.objectives]
+    first_search = [run_config(protocol, obj, protocol.seeds[0], grid_lr(protocol, k))
+                    for obj in protocol.objectives
+                    for k in range(grid_points(protocol) if protocol.lr_per_decade else 0)]
+    return seed_grid + first_search
+
+
 def run_name(cfg):
     """Run directory name, e.g. good_views-lr1.00e-03-seed0."""
     return f"{cfg.objective}-lr{cfg.lr:.2e}-seed{cfg.seed}"
@@ -114,7 +127,9 @@ def lr_search(protocol, score_of):
     """Replay the search of one objective over the runs that exist. score_of(lr) -> the
     selection score of that lr's run, or None if it has not finished.
     Returns {"lrs": ascending, "scores", "todo": the lr to run next or None when the search is
-    complete, "chosen": best lr, "interior": whether it is not on the edge of the lrs run}."""
+    complete, "missing": every lr of "lrs" without a score (they can run side by side; an
+    extension is known only once all are scored), "chosen": best lr, "interior": whether it
+    is not on the edge of the lrs run}."""
     n = grid_points(protocol)
     ks = list(range(n))
     while True:
@@ -122,13 +137,13 @@ def lr_search(protocol, score_of):
         scores = [score_of(lr) for lr in lrs]
         missing = [lr for lr, s in zip(lrs, scores) if s is None]
         if missing:
-            return {"lrs": lrs, "scores": scores, "todo": missing[0], "chosen": None,
-                    "interior": False}
+            return {"lrs": lrs, "scores": scores, "todo": missing[0], "missing": missing,
+                    "chosen": None, "interior": False}
         side = extend_side(scores, len(ks) - n, protocol.max_extensions)
         if side is None:
             best = int(np.argmax(scores))
-            return {"lrs": lrs, "scores": scores, "todo": None, "chosen": lrs[best],
-                    "interior": 0 < best < len(lrs) - 1}
+            return {"lrs": lrs, "scores": scores, "todo": None, "missing": [],
+                    "chosen": lrs[best], "interior": 0 < best < len(lrs) - 1}
         ks = [ks[0] - 1] + ks if side == "low" else ks + [ks[-1] + 1]
 
 

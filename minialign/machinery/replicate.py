@@ -16,6 +16,12 @@ environment.json, and runs/<objective>-lr<lr>-seed<seed>/, each a train.train ru
 Resuming is two-level: a finished run is skipped, the run in progress continues from its
 last checkpoint (train.train(resume=True)), so a rerun of the same command loses at most
 eval_every steps. A run whose loss diverged gets diverged.json and is not retried.
+
+--jobs N runs N runs at once, each in its own process (jobs.py) on --threads cores (default
+cores // N), its output in out/logs/<run>.log; a run starts as soon as a slot is free and the
+runs it depends on are scored (wanted_runs: only the search's extensions depend on others).
+A run's numbers depend on its --threads, not on --jobs. Before the grid, replicate prints how
+long it will take (estimate.py; --dry-run: only that).
 """
 
 import sys
@@ -26,104 +32,222 @@ import numpy as np
 
 from .. import train
 from .monitor import load_coco_captions, split_photos
-from . import evaluate, report
+from . import estimate, evaluate, jobs as jobs_, report   # jobs_: `jobs` is the run count
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
 from .files import DirLock, atomic_write_json
-from .machine import describe
-from .protocol import (grid_lr, grid_points, lr_search, run_config, run_name, save_protocol,
+from .machine import describe, use_cores
+from .protocol import (lr_search, planned_runs, run_config, run_name, save_protocol,
                        selection_score)
 from .rundir import Diverged, is_diverged, is_finished, read_metrics
 
+EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
+
 
 # ---------------------------------------------------------------- running
-def eta_line(tally, steps):
-    """'runs done / total, ETA' for the runs in tally["pending"] (names), each `steps` long, from
-    the measured seconds per step of each objective (their mean over runs of another
-    objective, for an objective not measured yet)."""
+def eta_line(tally, steps, jobs=1, busy=()):
+    """'runs done / total, ETA' for the runs in tally["pending"] (names) not yet started, each
+    `steps` long, on `jobs` slots (jobs.makespan), after the runs in progress (busy: their
+    seconds left), from the measured seconds per step of each objective (their mean over runs
+    of another objective, for an objective not measured yet). With jobs > 1 the measured
+    s/step are those of runs sharing the machine, so the contention is in them."""
     rates = {obj: float(np.mean(ms)) / 1000 for obj, ms in tally["ms_per_step"].items()}
     line = f"{tally['done']}/{tally['total']} runs done"
     if not rates:
         return line + ", ETA after the first run"
     fallback = float(np.mean(list(rates.values())))
-    seconds = sum(steps * rates.get(name.split("-lr")[0], fallback) for name in tally["pending"])
+    waiting = sorted(tally["pending"] - set(tally.get("running", ())))
+    seconds = jobs_.makespan([steps * rates.get(objective_of(name), fallback)
+                              for name in waiting], jobs, busy)
     measured = ", ".join(f"{obj} {s:.2f}" for obj, s in rates.items())
-    eta = f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
-    return f"{line}, ETA {eta} (measured s/step incl. evaluation: {measured})"
+    return f"{line}, ETA {estimate.hours(seconds)} (measured s/step incl. evaluation: {measured})"
+
+
+def objective_of(name):
+    """The objective of a run name (protocol.run_name): good_views-lr1.00e-03-seed0."""
+    return name.split("-lr")[0]
+
+
+def train_and_score(cfg, run_dir, emb, progress=None):
+    """Train (or resume, or skip when finished) one run, then score it against the image
+    embeddings if it has not been yet. What a --jobs child runs (jobs.start), and run_one's
+    work in this process. Returns EXIT_DIVERGED for a diverged run, else 0."""
+    code = 0
+    try:
+        train.train(cfg, run_dir, resume=True, progress=progress)
+    except Diverged as err:                    # train wrote diverged.json
+        print(f"[replicate] {run_dir.name}: {err}; not retried", flush=True)
+        code = EXIT_DIVERGED
+    if needs_evaluation(run_dir, emb):
+        evaluate.evaluate_run(run_dir, emb["data"])
+    return code
+
+
+def record_finished(run_dir, tally):
+    """A run this session ran is done: its measured ms/step into the tally."""
+    metrics = read_metrics(run_dir)
+    if "ms_per_step" in metrics:
+        tally["ms_per_step"].setdefault(metrics["objective"], []).append(metrics["ms_per_step"])
+    tally["pending"].discard(run_dir.name)
+    tally["done"] += 1
 
 
 def run_one(out, cfg, emb, tally, progress):
-    """Train (or skip, or resume) one run, then score it against the image embeddings.
-    emb: {"data": ImageEmbeddings, "sha256"} or None; tally: the grid's bookkeeping
+    """Train (or skip, or resume) one run in this process, then score it against the image
+    embeddings. emb: {"data": ImageEmbeddings, "sha256"} or None; tally: the grid's bookkeeping
     {"done", "total", "pending": run names, "ms_per_step": {objective: [ms]}}, updated here;
     progress: train.train's (tqdm bar, plain lines, or None: by terminal)."""
     run_dir = Path(out) / "runs" / run_name(cfg)
     if is_finished(run_dir):
         print(f"[replicate] {run_dir.name}: finished earlier, skipped", flush=True)
-    else:
-        print(f"[replicate] run {tally['done'] + 1}/{tally['total']}: {run_dir.name} | "
-              f"{eta_line(tally, cfg.steps)}", flush=True)
-        try:
-            metrics = train.train(cfg, run_dir, resume=True, progress=progress)
-            tally["ms_per_step"].setdefault(cfg.objective, []).append(metrics["ms_per_step"])
-        except Diverged as err:                    # train wrote diverged.json
-            print(f"[replicate] {run_dir.name}: {err}; not retried", flush=True)
-    if needs_evaluation(run_dir, emb):
-        evaluate.evaluate_run(run_dir, emb["data"])
-    tally["pending"].discard(run_dir.name)
-    tally["done"] += 1
+        if needs_evaluation(run_dir, emb):
+            evaluate.evaluate_run(run_dir, emb["data"])
+        tally["pending"].discard(run_dir.name)
+        tally["done"] += 1
+        return
+    print(f"[replicate] run {tally['done'] + 1}/{tally['total']}: {run_dir.name} | "
+          f"{eta_line(tally, cfg.steps)}", flush=True)
+    train_and_score(cfg, run_dir, emb, progress)
+    record_finished(run_dir, tally)
 
 
-def replicate(protocol, out, emb=None, progress=None):
+def replicate(protocol, out, emb=None, progress=None, jobs=1, threads=None):
     """Run the whole protocol into `out` (see the module docstring). emb: loaded
     ImageEmbeddings, or None to train text-only (the search then selects on paraphrase R@1).
-    progress: train.train's. Returns {objective: lr_search result}."""
+    progress: train.train's. jobs: runs at once, each in its own process on `threads` cores
+    (default: cores // jobs); jobs = 1 runs them here, on `threads` cores if given.
+    Returns {objective: lr_search result}."""
     out = Path(out)
     with DirLock(out):
         (out / "runs").mkdir(exist_ok=True)
         save_protocol(out, protocol)
-        atomic_write_json(out / "environment.json", describe())
-        return run_grid(protocol, out, emb, progress)
+        threads = threads or (jobs_.threads_per_run(jobs) if jobs > 1 else None)
+        atomic_write_json(out / "environment.json",
+                          {**describe(), "jobs": jobs, "threads_per_run": threads})
+        if jobs == 1 and threads:
+            use_cores(threads)
+        return run_grid(protocol, out, emb, progress, jobs, threads)
 
 
-def run_grid(protocol, out, emb, progress):
-    """replicate()'s body, in the locked results directory `out`."""
-    emb = emb and {"data": emb, "sha256": sha256_file(emb.path)}
-    seed_grid = [run_config(protocol, obj, seed) for seed in protocol.seeds
-                 for obj in protocol.objectives]
-    first_search = [run_config(protocol, obj, protocol.seeds[0], grid_lr(protocol, k))
-                    for obj in protocol.objectives
-                    for k in range(grid_points(protocol) if protocol.lr_per_decade else 0)]
-    planned = {run_name(cfg) for cfg in seed_grid + first_search}
-    tally = {"done": 0, "total": len(planned), "pending": set(planned), "ms_per_step": {}}
+def wanted_runs(protocol, out, emb, metric):
+    """The runs the protocol needs now, in start order: the seed grid, then for each objective
+    every lr of its search replayed so far that has no score yet (protocol.lr_search's
+    "missing"): an extension appears once the runs it depends on are scored."""
+    wanted = [run_config(protocol, obj, seed) for seed in protocol.seeds
+              for obj in protocol.objectives]
+    for objective in protocol.objectives if protocol.lr_per_decade else ():
+        search = lr_search(protocol, score_function(protocol, out, emb, metric, objective))
+        wanted += [run_config(protocol, objective, protocol.seeds[0], lr)
+                   for lr in search["missing"]]
+    return wanted
+
+
+def score_function(protocol, out, emb, metric, objective):
+    """score_of(lr) of lr_search for `objective`'s runs in `out`: None also for a run not yet
+    scored against these embeddings."""
+    def score_of(lr):
+        run_dir = out / "runs" / run_name(run_config(protocol, objective, protocol.seeds[0], lr))
+        return None if needs_evaluation(run_dir, emb) else selection_score(run_dir, metric)
+    return score_of
+
+
+def new_tally(protocol, out):
+    """The grid's bookkeeping: runs planned, done, pending, and the ms/step of every planned
+    run measured in an earlier session."""
+    planned = {run_name(cfg) for cfg in planned_runs(protocol)}
+    tally = {"done": 0, "total": len(planned), "pending": set(planned), "ms_per_step": {},
+             "running": {}}
     for name in sorted(planned):
         metrics = read_metrics(out / "runs" / name)
         if "ms_per_step" in metrics:                       # measured in an earlier session
             tally["ms_per_step"].setdefault(metrics["objective"], []).append(
                 metrics["ms_per_step"])
-    t0 = time.perf_counter()
-    for cfg in seed_grid:
-        run_one(out, cfg, emb, tally, progress)
-    searches = {}
+    return tally
+
+
+def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
+    """replicate()'s body, in the locked results directory `out`: start each wanted run as
+    soon as a slot is free, in wanted_runs' order, until nothing is wanted or running."""
+    emb = emb and {"data": emb, "sha256": sha256_file(emb.path)}
     metric = "mutual_knn" if emb else "paraphrase_R@1"
+    tally, handled, t0 = new_tally(protocol, out), set(), time.perf_counter()
+    running, children = tally["running"], []      # name: (process, cfg); every child started
+    try:
+        while True:
+            ready = [cfg for cfg in wanted_runs(protocol, out, emb, metric)
+                     if run_name(cfg) not in handled | set(running)]
+            if ready and len(running) < jobs:
+                cfg, name = ready[0], run_name(ready[0])
+                if name not in tally["pending"]:           # an extension of the lr grid
+                    tally["pending"].add(name)
+                    tally["total"] += 1
+                if jobs == 1 or is_finished(out / "runs" / name) and not needs_evaluation(
+                        out / "runs" / name, emb):
+                    run_one(out, cfg, emb, tally, progress)
+                    handled.add(name)
+                else:
+                    running[name] = (start_child(out, cfg, emb, threads, tally, jobs,
+                                                 children), cfg)
+                continue
+            if not running:
+                break
+            finished = jobs_.wait_any([p for p, _ in running.values()])
+            for name in [n for n, (p, _) in running.items() if p in finished]:
+                process, cfg = running.pop(name)
+                finish_child(out, name, process.exitcode, tally, jobs, cfg.steps)
+                handled.add(name)
+    finally:
+        jobs_.stop_all(children)                  # those still running: SIGINT, then wait
+    searches = {}
     for objective in protocol.objectives if protocol.lr_per_decade else ():
-        def score_of(lr):  # None also for a run not yet scored against these embeddings
-            run_dir = out / "runs" / run_name(run_config(protocol, objective, protocol.seeds[0], lr))
-            return None if needs_evaluation(run_dir, emb) else selection_score(run_dir, metric)
-        while (search := lr_search(protocol, score_of))["todo"] is not None:
-            cfg = run_config(protocol, objective, protocol.seeds[0], search["todo"])
-            if run_name(cfg) not in tally["pending"] and not is_finished(
-                    out / "runs" / run_name(cfg)):
-                tally["pending"].add(run_name(cfg))        # an extension of the grid
-                tally["total"] += 1
-            run_one(out, cfg, emb, tally, progress)
-        searches[objective] = search
+        searches[objective] = search = lr_search(
+            protocol, score_function(protocol, out, emb, metric, objective))
+        if search["todo"] is not None:
+            print(f"[replicate] lr search {objective}: incomplete, {search['todo']:.2e} has "
+                  f"no val {metric}", flush=True)
+            continue
         print(f"[replicate] lr search {objective}: chosen {search['chosen']:.2e} "
               f"({'interior' if search['interior'] else 'ON THE EDGE'}) of "
               f"{', '.join(f'{lr:.2e}' for lr in search['lrs'])} on val {metric}", flush=True)
     print(f"[replicate] grid done in {(time.perf_counter() - t0) / 60:.1f} min this session",
           flush=True)
     return searches
+
+
+def child_log(out, name):
+    """Where a --jobs child's output goes: out/logs/<run name>.log (appended on resume)."""
+    (Path(out) / "logs").mkdir(exist_ok=True)
+    return Path(out) / "logs" / f"{name}.log"
+
+
+def start_child(out, cfg, emb, threads, tally, jobs, children):
+    """Start train_and_score of one run in its own process (jobs.start, which appends it to
+    `children`), saying so with the grid's ETA."""
+    run_dir = Path(out) / "runs" / run_name(cfg)
+    busy = estimate.busy_seconds(out, tally)
+    print(f"[replicate] start {tally['done'] + len(tally['running']) + 1}/{tally['total']}: "
+          f"{run_dir.name} ({threads} thread(s), output in {child_log(out, run_dir.name)}) | "
+          f"{eta_line(tally, cfg.steps, jobs, busy)}", flush=True)
+    return jobs_.start(train_and_score, (cfg, run_dir, emb, False), threads,
+                       child_log(out, run_dir.name), children)
+
+
+def finish_child(out, name, exitcode, tally, jobs, steps):
+    """Book a child's end: done (0, or diverged: 3), or stop the grid with one line (the
+    others are stopped by run_grid, resumable)."""
+    log = child_log(out, name)
+    if exitcode == jobs_.EXIT_INTERRUPTED:
+        raise KeyboardInterrupt
+    if exitcode not in (0, EXIT_DIVERGED):
+        how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
+        raise OSError(f"{name}: the run's process failed ({how}): "
+                           f"{jobs_.log_tail(log) or 'no output'} (all of it: {log})")
+    record_finished(Path(out) / "runs" / name, tally)
+    state = "diverged, not retried" if exitcode == EXIT_DIVERGED else "finished"
+    print(f"[replicate] {state}: {name} | {eta_line(tally, steps, jobs, estimate.busy_seconds(out, tally))}",
+          flush=True)
+
+
 
 
 def needs_evaluation(run_dir, emb):
@@ -164,12 +288,21 @@ def load_image_embeddings(args):
 
 
 def run_replicate(protocol, args):
-    """`python -m minialign replicate`: the grid, then results.md, results.json and figures.
-    Every input (flags, captions, embeddings) is read and checked before --out is touched."""
-    train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
+    """`python -m minialign replicate`: the estimate (unless --no-estimate), the grid, then
+    results.md, results.json and figures; --dry-run: the estimate only, nothing written.
+    Every input (flags, captions, embeddings, --jobs against memory) is read and checked
+    before --out is touched."""
+    data = train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
     emb = load_image_embeddings(args)
+    jobs, threads, per_run_mb = estimate.choose_jobs(protocol, args, data["tokenizer"].vocab_size)
+    del data
+    if args.dry_run or not args.no_estimate:
+        found = estimate.print_estimate(protocol, args.out, jobs,
+                                        threads or describe()["blas_threads"], per_run_mb)
+        if args.dry_run:
+            return found
     t0 = time.perf_counter()
-    replicate(protocol, args.out, emb)
+    replicate(protocol, args.out, emb, jobs=jobs, threads=threads)
     results = report.build_report(args.out)
     print(report.format_markdown(results).split("\n## ")[0])
     print(f"[replicate] {time.perf_counter() - t0:.0f} s this session; wrote "

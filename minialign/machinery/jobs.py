@@ -1,0 +1,198 @@
+"""Independent runs side by side: each in its own process with its share of the cores, the
+grid's time on N slots, and the memory check that refuses a --jobs count the machine cannot hold.
+
+Why processes from multiprocessing's "spawn" context (a fresh interpreter), and not threads or
+fork: a run is NumPy-bound and holds the GIL between BLAS calls, so threads would serialise;
+fork would copy a parent whose OpenBLAS threads are already running (unsafe) and its memory;
+a subprocess `python -m minialign train` would have to turn every TrainConfig field back into
+flags. A spawned child gets the exact TrainConfig (pickled), sets its own BLAS threads
+(machine.use_cores), and its peak memory is its own.
+
+Ctrl-C: the terminal sends SIGINT to every process of the group. A child is started with
+SIGINT blocked (a Ctrl-C during its start-up waits), then takes the first SIGINT as
+KeyboardInterrupt and ignores any later one, so its clean-up (the run directory's lock,
+files.DirLock; atomic writes) is never cut short; it exits with EXIT_INTERRUPTED. The parent
+sends each live child one SIGINT too (for a SIGINT sent to the parent alone), then waits.
+"""
+import heapq
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import wait as wait_sentinels
+from pathlib import Path
+
+from .machine import available_cores, keep_freed_memory, use_cores
+
+EXIT_INTERRUPTED = 130     # a child stopped by Ctrl-C (as `python -m minialign`)
+STOP_GRACE_S = 60          # seconds a child may take to stop after SIGINT before SIGTERM
+
+# Peak resident memory of one run, MB, fitted to bench's peak_rss_mb at --threads 1 (numpy 2.4,
+# OpenBLAS, COCO val2017 captions, V = 5814): default size (D=256, L=4, 256 photos, 6873 real
+# tokens) good_views 871 MB, next_token 1203 MB; 128 photos 485 / 644 MB; D=512 1773 / 2116
+# MB; L=8 1492 MB (fit within 3%). Activations kept for the backward grow with the tokens of
+# a step x D, per block and outside the blocks (embedding, final LayerNorm, pooling);
+# next_token adds (tokens, V) float32 logits, probabilities and their gradient; weights,
+# gradients and Adam's two moments are 4 float32 copies of the parameters.
+MEM_BASE_MB = 90               # interpreter, numpy, imports, captions (a tiny run: ~90 MB)
+MEM_BLOCK_BYTES = 86           # per real token x D x block
+MEM_TOKEN_BYTES = 104          # per real token x D, outside the blocks
+MEM_LOGIT_COPIES = 2.2         # float32 (tokens, V) arrays alive at once in next_token
+MEM_MARGIN = 1.15              # headroom over the fit (allocator slack, evaluation batches)
+TOKENS_PER_CAPTION = 13.5      # mean real tokens of a COCO caption, BOS and EOS included
+MEM_SAFETY_MB = 500            # memory left to the rest of the machine, MB
+
+
+# ---------------------------------------------------------------- memory
+def run_memory_mb(cfg, vocab_size=None):
+    """Estimated peak resident memory of one training run of `cfg` (a train.TrainConfig), MB:
+    MEM_MARGIN x (MEM_BASE_MB + activations + next_token's logits + 4 copies of the weights):
+    linear in batch_photos (tokens per step) and n_layers, in d_model but for the weights'
+    D^2 terms; next_token's logits also in V (~0.35 GB of its ~1.4 GB at the default size).
+    vocab_size: V, else cfg.model.vocab_size."""
+    m = cfg.model
+    V = vocab_size or m.vocab_size
+    n = 2 * cfg.batch_photos * TOKENS_PER_CAPTION                  # real tokens per step
+    activations = n * m.d_model * (m.n_layers * MEM_BLOCK_BYTES + MEM_TOKEN_BYTES)
+    logits = MEM_LOGIT_COPIES * n * V * 4 if cfg.objective == "next_token" else 0.0
+    weights = 4 * 4 * (V * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model ** 2)
+    return MEM_MARGIN * (MEM_BASE_MB + (activations + logits + weights) / 2**20)
+
+
+def mem_available_mb(meminfo="/proc/meminfo"):
+    """MemAvailable of the machine, MB (Linux's estimate of what new processes can use without
+    swapping), or None where /proc/meminfo does not say."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024                 # kB -> MB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_jobs_fit(jobs, per_run_mb, available_mb):
+    """Raise ValueError (one line: the count, the estimate, what is available) when `jobs`
+    runs of per_run_mb each, plus MEM_SAFETY_MB, exceed available_mb (None: not checked)."""
+    if available_mb is not None and jobs * per_run_mb + MEM_SAFETY_MB > available_mb:
+        fit = max(0, int((available_mb - MEM_SAFETY_MB) // per_run_mb))
+        raise ValueError(f"--jobs {jobs}: {jobs} runs need ~{jobs * per_run_mb:,.0f} MB "
+                         f"(~{per_run_mb:,.0f} MB each, estimated) but this machine has "
+                         f"{available_mb:,.0f} MB available (MemAvailable, {MEM_SAFETY_MB} MB "
+                         f"kept free); use --jobs {max(1, fit)} or fewer")
+
+
+def default_jobs(cores, per_run_mb, available_mb, runs):
+    """The default --jobs: one run per core (one BLAS thread each: two runs side by side give
+    more steps per second than one run on two threads), at most the runs of the grid, at most
+    what fits in memory (check_jobs_fit), at least 1."""
+    fit = cores if available_mb is None else int((available_mb - MEM_SAFETY_MB) // per_run_mb)
+    return max(1, min(cores, runs, fit))
+
+
+def threads_per_run(jobs, cores=None):
+    """Cores each of `jobs` concurrent runs computes on: cores // jobs, at least 1."""
+    return max(1, (cores or available_cores()) // jobs)
+
+
+# ---------------------------------------------------------------- time
+def makespan(durations, slots, busy=()):
+    """Seconds until `durations` (run lengths, s, in the order they start) are done on `slots`
+    parallel slots, each run starting on the first slot to free up (list scheduling); busy:
+    seconds left on the slots still running something. 0.0 for nothing to do."""
+    free = sorted(list(busy)[:slots]) + [0.0] * max(0, slots - len(busy))
+    heapq.heapify(free)
+    for d in durations:
+        heapq.heappush(free, heapq.heappop(free) + d)
+    return max(free, default=0.0) if durations or busy else 0.0
+
+
+# ---------------------------------------------------------------- processes
+def _interrupt_once(signum, frame):
+    """A child's SIGINT handler: the first one stops the work, later ones (the parent's, a
+    second Ctrl-C) are ignored so that the clean-up runs to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _child(target, args, threads, log_path):
+    """The body of a spawned child: output to log_path (appended; None: the parent's
+    terminal), `threads` cores, SIGINT once, then target(*args). Exit code: target's return
+    value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C, 2 after OSError / ValueError (its
+    message on the log's last line), 1 after anything else (traceback in the log)."""
+    signal.signal(signal.SIGINT, _interrupt_once)
+    keep_freed_memory()                        # as python -m minialign does (machine.py)
+    if log_path is not None:
+        log = open(log_path, "a", buffering=1)
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending Ctrl-C: now
+        if threads is not None:                 # None: numpy's own default (OPENBLAS_*)
+            use_cores(threads)
+        code = target(*args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    sys.stdout.flush()
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def start(target, args, threads, log_path, started):
+    """Start target(*args) in a spawned child on `threads` cores (None: numpy's default, as
+    the environment's OPENBLAS_NUM_THREADS says), append its multiprocessing.Process to the
+    list `started` and return it. target: a module-level function (the child imports it).
+    SIGINT is blocked here until the child is in `started`, so a Ctrl-C at that moment
+    reaches a parent that knows every child it must stop (stop_all(started))."""
+    process = multiprocessing.get_context("spawn").Process(
+        target=_child, args=(target, args, threads, log_path), daemon=False)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})     # inherited by the child
+    try:
+        process.start()
+        started.append(process)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return process
+
+
+def wait_any(processes, timeout=None):
+    """Block until at least one of `processes` has exited (or timeout s); return those that
+    have, joined (reaped). An empty list returns at once (poll() on no file would block)."""
+    if not processes:
+        return []
+    ready = set(wait_sentinels([p.sentinel for p in processes], timeout))
+    done = [p for p in processes if p.sentinel in ready]
+    for p in done:
+        p.join()                  # its sentinel closes at exit, a moment before it is reapable
+    return done
+
+
+def stop_all(processes, grace=STOP_GRACE_S):
+    """Stop every live child cleanly: one SIGINT each, then wait up to `grace` s in all; a child
+    still alive then gets SIGTERM. Their run directories stay resumable either way."""
+    alive = [p for p in processes if p.exitcode is None]
+    for p in alive:
+        try:
+            os.kill(p.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.exitcode is None:
+            p.terminate()
+            p.join()
+    return [p.exitcode for p in alive]
+
+
+def log_tail(path, lines=1):
+    """The last `lines` non-empty lines of a child's log, joined by ' | ' ('' if none)."""
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return " | ".join([line.strip() for line in text if line.strip()][-lines:])
