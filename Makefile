@@ -12,7 +12,7 @@ STEPS      ?= 3000
 SEED       ?= 0
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
 
-.PHONY: install install-export test data embeddings train bench demo replicate replicate-quick \
+.PHONY: install install-export test data embeddings train bench bench-torch demo replicate replicate-quick \
         eta eta-quick report
 
 install:            ## numpy, pillow, tqdm + pytest
@@ -47,6 +47,10 @@ train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1
 
 bench:
 	$(PY) -m minialign bench
+
+TORCH_PAIR ?= ../shared/bench/torch_pair.py
+bench-torch:        ## minialign vs PyTorch eager on the same batch, A B A B (needs torch_pair.py)
+	$(PY) -m minialign.machinery.bench_torch --torch-pair $(TORCH_PAIR) --pairs 3 --max-len 16
 
 # ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
@@ -96,12 +100,12 @@ eta-quick:          ## how long `make replicate-quick` will take here; writes no
 
 # The grid on a SYNTHETIC world (no COCO needed): D=32, 1 block, 120 steps x 64 photos, with
 # an lr search over 1e-3..1e-2. Its matrices are tiny, so one BLAS thread is the fastest.
-demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr search, synthetic, ~2-4 min
+demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr search, synthetic, ~5 min
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign replicate \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
-	    --steps 120 --batch-photos 64 --warmup-steps 10 --eval-every 20 --lr 3.16e-3 \
-	    --lr-min 1e-3 --lr-max 1e-2 --d-model 32 --n-layers 1 --n-heads 4
+	    --steps 100 --batch-photos 64 --warmup-steps 10 --eval-every 20 --lr 3.16e-3 \
+	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4
 
 $(DEMO_WORLD)/captions_synthetic.json:
 	$(PY) -m minialign synthetic --out $(DEMO_WORLD)
