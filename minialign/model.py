@@ -14,10 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machinery.fast_layers import (attention_groups, gelu_backward_fast, gelu_forward_fast,
-                          mha_backward_fast, mha_forward_fast)
-from .layers import (embedding_backward, embedding_forward, layernorm_backward, layernorm_forward,
-                     linear_backward, linear_forward, mean_pool_backward, mean_pool_forward)
+from .layers import mean_pool_backward, mean_pool_forward
+from .machinery.fast_layers import (add_rows, attention_groups, embedding_backward_rows,
+                                    embedding_forward_rows, gelu_backward_rows, gelu_forward_rows,
+                                    layernorm_backward_rows, layernorm_forward_rows,
+                                    linear_backward_rows, linear_forward_rows, mha_backward_fast,
+                                    mha_forward_fast)
+from .machinery.rows import matmul_rows, matmul_tn_rows
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -95,25 +98,25 @@ def encode(params, tokens, cfg, causal=False):
     real = np.flatnonzero(mask)                                           # (n,) flat b*T + t
     seq, pos = np.divmod(real, T)                                         # (n,), (n,)
     groups = attention_groups(mask, causal, params["tok_emb"].dtype)      # grids of similar length
-    h, c_tok = embedding_forward(tokens.ravel()[real], params["tok_emb"])  # (n, D)
-    p_emb, c_pos = embedding_forward(pos, params["pos_emb"])              # (n, D)
-    h += p_emb
+    # h = tok_emb[tokens] + pos_emb[positions]
+    h, c_emb = embedding_forward_rows(tokens.ravel()[real], pos, params["tok_emb"],
+                                      params["pos_emb"])                  # (n, D)
     blocks = []
     for i in range(cfg.n_layers):
         (ln1_gamma, ln1_beta, w_qkv, b_qkv, w_o, b_o,
          ln2_gamma, ln2_beta, w_in, b_in, w_out, b_out) = (params[k] for k in block_keys(i))
-        a, c_ln1 = layernorm_forward(h, ln1_gamma, ln1_beta)              # (n, D)
+        a, c_ln1 = layernorm_forward_rows(h, ln1_gamma, ln1_beta)         # (n, D)
         a, c_att = mha_forward_fast(a, w_qkv, b_qkv, w_o, b_o, groups, cfg.n_heads)  # (n, D)
-        h = h + a                                                         # (n, D) residual
-        m, c_ln2 = layernorm_forward(h, ln2_gamma, ln2_beta)              # (n, D)
-        m, c_in = linear_forward(m, w_in, b_in)                           # (n, F)
-        m, c_gelu = gelu_forward_fast(m)                                  # (n, F)
-        m, c_out = linear_forward(m, w_out, b_out)                        # (n, D)
-        h = h + m                                                         # (n, D) residual
+        h = add_rows(h, a)                                                # (n, D) residual
+        m, c_ln2 = layernorm_forward_rows(h, ln2_gamma, ln2_beta)         # (n, D)
+        m, c_in = linear_forward_rows(m, w_in, b_in)                      # (n, F)
+        m, c_gelu = gelu_forward_rows(m)                                  # (n, F)
+        m, c_out = linear_forward_rows(m, w_out, b_out)                   # (n, D)
+        h = add_rows(h, m)                                                # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
-    hf, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
+    hf, c_lnf = layernorm_forward_rows(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
     z, c_pool = mean_pool_forward(hf, seq, B)                             # (B, D)
-    return z, hf, (c_tok, c_pos, blocks, c_lnf, c_pool)
+    return z, hf, (c_emb, blocks, c_lnf, c_pool)
 
 
 def encode_backward(dz, dhf, cache):
@@ -122,23 +125,23 @@ def encode_backward(dz, dhf, cache):
     or None when the loss reads only z. When z holds two views of each caption (one encode
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
     Returns {name: gradient}, the keys of params."""
-    c_tok, c_pos, blocks, c_lnf, c_pool = cache
+    c_emb, blocks, c_lnf, c_pool = cache
     grads = {}
     dhf_pool = mean_pool_backward(dz, c_pool)                             # (n, D)
-    dhf = dhf_pool if dhf is None else dhf_pool + dhf                     # hf fed pool and head
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf, c_lnf)  # (n, D)
+    dhf = dhf_pool if dhf is None else add_rows(dhf_pool, dhf)            # hf fed pool and head
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward_rows(dhf, c_lnf)  # (n, D)
     for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
-        dm, dw_out, db_out = linear_backward(dh, c_out)                   # (n, F)
-        dm = gelu_backward_fast(dm, c_gelu)                               # (n, F)
-        dm, dw_in, db_in = linear_backward(dm, c_in)                      # (n, D)
-        dm, dln2_gamma, dln2_beta = layernorm_backward(dm, c_ln2)         # (n, D)
-        dh = dh + dm                                                      # (n, D)
+        dm, dw_out, db_out = linear_backward_rows(dh, c_out)              # (n, F)
+        dm = gelu_backward_rows(dm, c_gelu)                               # (n, F)
+        dm, dw_in, db_in = linear_backward_rows(dm, c_in)                 # (n, D)
+        dm, dln2_gamma, dln2_beta = layernorm_backward_rows(dm, c_ln2)    # (n, D)
+        dh = add_rows(dh, dm)                                             # (n, D)
         # forward: h = h + attn(ln1(h))
         da, dw_qkv, db_qkv, dw_o, db_o = mha_backward_fast(dh, c_att)     # (n, D)
-        da, dln1_gamma, dln1_beta = layernorm_backward(da, c_ln1)         # (n, D)
-        dh = dh + da                                                      # (n, D)
+        da, dln1_gamma, dln1_beta = layernorm_backward_rows(da, c_ln1)    # (n, D)
+        dh = add_rows(dh, da)                                             # (n, D)
         # in the order computed above: clip_grad_norm sums grads.values() in dict order, and
         # that order is part of the float rounding tests/test_reference.py pins
         key = dict(zip(BLOCK_PARAMS, block_keys(i)))                      # "ln1.gamma" -> full key
@@ -149,8 +152,8 @@ def encode_backward(dz, dhf, cache):
                       key["attn.w_o"]: dw_o, key["attn.b_o"]: db_o,
                       key["ln1.gamma"]: dln1_gamma, key["ln1.beta"]: dln1_beta})
     # forward: h = tok_emb[tokens] + pos_emb[positions]
-    grads["pos_emb"] = embedding_backward(dh, c_pos)
-    grads["tok_emb"] = embedding_backward(dh, c_tok)
+    dtok_emb, dpos_emb = embedding_backward_rows(dh, c_emb)               # (V, D), (T_max, D)
+    grads["pos_emb"], grads["tok_emb"] = dpos_emb, dtok_emb               # the pinned dict order
     return grads
 
 
@@ -159,13 +162,13 @@ def lm_head_forward(hf, tok_emb):
     logits = hf @ tok_emb^T, no bias, so the head adds no parameters.
     hf: (n, D) final hidden states at the positions that have a target; tok_emb: (V, D).
     Returns logits (n, V) and a cache."""
-    logits = hf @ tok_emb.T                                               # (n, V)
+    logits = matmul_rows(hf, tok_emb.T)                                   # (n, V) row blocks
     return logits, (hf, tok_emb)
 
 
 def lm_head_backward(dlogits, cache):
     """dlogits: (n, V) -> dhf (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
     hf, tok_emb = cache
-    dhf = dlogits @ tok_emb                                               # (n, D)
-    dtok_emb = dlogits.T @ hf                                             # (V, D)
+    dhf = matmul_rows(dlogits, tok_emb)                                   # (n, D) row blocks
+    dtok_emb = matmul_tn_rows(dlogits, hf)                                # (V, D) sum over rows
     return dhf, dtok_emb

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import rows
+
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _CORES = None   # cores this process computes on, set by use_cores; None: all of available_cores
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")   # OpenBLAS's kernel choice
@@ -47,12 +49,7 @@ def keep_freed_memory():
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
 
 
-def available_cores():
-    """Cores this process may run on (its CPU affinity where the OS tells, else os.cpu_count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+available_cores = rows.available_cores   # one definition: rows' pool defaults to it
 
 
 def cores():
@@ -82,16 +79,24 @@ def blas_threads():
     return None if getter is None else int(getter())
 
 
-def use_cores(n):
-    """This process computes on n >= 1 cores: sets numpy's BLAS to n threads (OpenBLAS, through
-    its own openblas_set_num_threads; other BLAS libraries keep their setting). Returns True
-    when the BLAS setting took effect. Raises ValueError for n < 1."""
+def blas_threads_with_pool(n):
+    """BLAS threads for a process on n cores whose row pool runs n threads: 1. The pool splits
+    the big GEMMs by rows itself, and idle OpenBLAS workers spin on the cores the pool needs."""
+    return 1
+
+
+def use_cores(n, blas=None):
+    """This process computes on n >= 1 cores: the fast path's row pool (rows.py) runs n
+    threads, and numpy's BLAS runs `blas` threads (default BLAS_THREADS_WITH_POOL(n); OpenBLAS,
+    through its own openblas_set_num_threads; other BLAS libraries keep their setting).
+    Returns True when the BLAS setting took effect. Raises ValueError for n < 1."""
     global _CORES
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"use_cores: n={n!r} must be an integer >= 1")
     _CORES = n
+    rows.set_threads(n)
     setter = _openblas("set_num_threads")
     if setter is None:
         return False
-    setter(ctypes.c_int(n))
+    setter(ctypes.c_int(blas_threads_with_pool(n) if blas is None else blas))
     return True
