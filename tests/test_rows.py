@@ -133,13 +133,15 @@ def test_run_reraises_and_refuses_zero_threads(pool_threads):
         rows.set_threads(0)
 
 
-def test_use_cores_sizes_the_pool_and_runs_blas_on_one_thread(pool_threads):
+def test_use_cores_sizes_the_pool_whose_gemms_run_on_one_blas_thread(pool_threads):
     before = machine.cores()
+    seen = []
     try:
-        machine.use_cores(3)
-        assert rows.threads() == 3 and machine.blas_threads() in (1, None)
-        machine.use_cores(1, blas=2)
-        assert rows.threads() == 1 and machine.blas_threads() in (min(2, machine.cores() + 1), None)
+        machine.use_cores(2)
+        assert rows.threads() == 2 and machine.blas_threads() == min(2, machine.available_cores())
+        rows.run(lambda i: seen.append(machine.blas_threads()), 3)
+        assert seen == [1, 1, 1]
+        assert machine.blas_threads() == min(2, machine.available_cores())   # restored
     finally:
         machine.use_cores(before)
 

@@ -49,7 +49,7 @@ def keep_freed_memory():
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
 
 
-available_cores = rows.available_cores   # one definition: rows' pool defaults to it
+available_cores = rows.available_cores   # defined there: the row pool's default size
 
 
 def cores():
@@ -57,20 +57,7 @@ def cores():
     return _CORES or available_cores()
 
 
-def _openblas(function):
-    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads"), found
-    among the libraries this process has loaded, or None (another BLAS, or not Linux)."""
-    maps = Path("/proc/self/maps")
-    if not maps.exists():
-        return None
-    paths = {line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line}
-    for path in sorted(paths):
-        lib = ctypes.CDLL(path)
-        for name in (f"scipy_openblas_{function}64_", f"openblas_{function}64_",
-                     f"openblas_{function}"):
-            if hasattr(lib, name):
-                return getattr(lib, name)
-    return None
+_openblas = rows.openblas   # numpy's own OpenBLAS function, found there (the pool needs it)
 
 
 def blas_threads():
@@ -79,17 +66,12 @@ def blas_threads():
     return None if getter is None else int(getter())
 
 
-def blas_threads_with_pool(n):
-    """BLAS threads for a process on n cores whose row pool runs n threads: 1. The pool splits
-    the big GEMMs by rows itself, and idle OpenBLAS workers spin on the cores the pool needs."""
-    return 1
-
-
-def use_cores(n, blas=None):
+def use_cores(n):
     """This process computes on n >= 1 cores: the fast path's row pool (rows.py) runs n
-    threads, and numpy's BLAS runs `blas` threads (default BLAS_THREADS_WITH_POOL(n); OpenBLAS,
-    through its own openblas_set_num_threads; other BLAS libraries keep their setting).
-    Returns True when the BLAS setting took effect. Raises ValueError for n < 1."""
+    threads, and numpy's BLAS n threads (OpenBLAS, through its own openblas_set_num_threads;
+    other BLAS libraries keep their setting) for the GEMMs outside the pool; the pool's own
+    GEMMs run one BLAS thread each (rows.run). Returns True when the BLAS setting took effect.
+    Raises ValueError for n < 1."""
     global _CORES
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"use_cores: n={n!r} must be an integer >= 1")
@@ -98,5 +80,5 @@ def use_cores(n, blas=None):
     setter = _openblas("set_num_threads")
     if setter is None:
         return False
-    setter(ctypes.c_int(blas_threads_with_pool(n) if blas is None else blas))
+    setter(ctypes.c_int(n))
     return True

@@ -11,9 +11,10 @@ rows compute in parallel. Two rules make the result independent of the number of
      fixed group of rows, written into its own slot, then added up in slot order
      (sum_partials). Never "each thread accumulates its own blocks".
 
-GEMMs split this way run on one BLAS thread each (machine.use_cores sets numpy's OpenBLAS to
-one thread whenever this pool has more than one): BLAS's own worker threads would otherwise
-spin against the pool's for the same cores.
+GEMMs split this way run on one BLAS thread each: run() sets numpy's OpenBLAS to one thread
+while the pool works and back afterwards, so BLAS's workers do not fight the pool's threads for
+the same cores (measured: a good_views step with 2-thread OpenBLAS called from 2 pool threads
+took 3-5x as long as with 1), while GEMMs outside the pool keep machine.use_cores's threads.
 
 ROW_BLOCK: 64 rows. The widest per-token activation is the MLP's (n, F = 4 D = 1024) float32:
 64 rows of it are 256 KB, so a GELU chain's three such blocks (input, tanh, output; 768 KB)
@@ -23,10 +24,12 @@ pool threads ran as fast as numpy's 2-thread BLAS on the whole array (52 vs 58 m
 REDUCE_BLOCKS: a weight gradient's partial x^T dy covers 8 row blocks (512 rows): a few
 partials of (D_in, D_out) each instead of one per block (14 x 1 MB at n = 6900, D = 256).
 """
+import ctypes
 import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +38,7 @@ REDUCE_BLOCKS = 8   # row blocks per partial of a weight gradient (512 rows)
 SMALL_SUM = 65536   # sum_partials adds a total smaller than this on the calling thread
 _THREADS = None     # threads the pool runs, set by set_threads (machine.use_cores); None: all
 _EXECUTOR = None    # (threads, ThreadPoolExecutor of threads - 1 workers), made on first use
+_BLAS = {}          # OpenBLAS function name -> ctypes function or None, found once (openblas)
 
 
 def available_cores():
@@ -43,6 +47,24 @@ def available_cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def openblas(function):
+    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads"), found
+    among the libraries this process has loaded, or None (another BLAS, or not Linux)."""
+    if function in _BLAS:
+        return _BLAS[function]
+    _BLAS[function] = None
+    maps = Path("/proc/self/maps")
+    paths = ({line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line}
+             if maps.exists() else set())
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in (f"scipy_openblas_{function}64_", f"openblas_{function}64_",
+                     f"openblas_{function}"):
+            if hasattr(lib, name) and _BLAS[function] is None:
+                _BLAS[function] = getattr(lib, name)
+    return _BLAS[function]
 
 
 def set_threads(k):
@@ -68,7 +90,19 @@ def run(task, n_items):
     """task(i) for i in range(n_items), spread over threads() threads; returns when all are
     done, re-raising the first exception of any task. Items are claimed one at a time, so a
     thread slowed by another process takes fewer. task must write only its own outputs."""
-    k = min(threads(), n_items)
+    get, set_ = openblas("get_num_threads"), openblas("set_num_threads")
+    blas = get() if get is not None and set_ is not None else 1
+    if blas != 1:
+        set_(ctypes.c_int(1))
+    try:
+        _run(task, n_items, min(threads(), n_items))
+    finally:
+        if blas != 1:
+            set_(ctypes.c_int(blas))
+
+
+def _run(task, n_items, k):
+    """run's work on k threads, BLAS already on one."""
     if k <= 1:
         for i in range(n_items):
             task(i)
