@@ -16,7 +16,7 @@ import numpy as np
 
 from .layers import mean_pool_backward, mean_pool_forward
 from .machinery.fast_layers import (add_rows, attention_groups, embedding_backward_rows,
-                                    embedding_forward_rows, gelu_backward_rows, gelu_forward_rows,
+                                    embedding_forward_rows, gelu_backward_fast, gelu_forward_fast,
                                     layernorm_backward_rows, layernorm_forward_rows,
                                     linear_backward_rows, linear_forward_rows, mha_backward_fast,
                                     mha_forward_fast)
@@ -110,7 +110,7 @@ def encode(params, tokens, cfg, causal=False):
         h = add_rows(h, a)                                                # (n, D) residual
         m, c_ln2 = layernorm_forward_rows(h, ln2_gamma, ln2_beta)         # (n, D)
         m, c_in = linear_forward_rows(m, w_in, b_in)                      # (n, F)
-        m, c_gelu = gelu_forward_rows(m)                                  # (n, F)
+        m, c_gelu = gelu_forward_fast(m)                                  # (n, F)
         m, c_out = linear_forward_rows(m, w_out, b_out)                   # (n, D)
         h = add_rows(h, m)                                                # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
@@ -134,7 +134,7 @@ def encode_backward(dz, dhf, cache):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
         dm, dw_out, db_out = linear_backward_rows(dh, c_out)              # (n, F)
-        dm = gelu_backward_rows(dm, c_gelu)                               # (n, F)
+        dm = gelu_backward_fast(dm, c_gelu)                               # (n, F)
         dm, dw_in, db_in = linear_backward_rows(dm, c_in)                 # (n, D)
         dm, dln2_gamma, dln2_beta = layernorm_backward_rows(dm, c_ln2)    # (n, D)
         dh = add_rows(dh, dm)                                             # (n, D)

@@ -14,8 +14,8 @@ from minialign import layers, model
 from minialign.data import Batch
 from minialign.machinery import fast_layers, machine, rows
 from minialign.machinery.fast_layers import (add_rows, embedding_backward_rows,
-                                             embedding_forward_rows, gelu_backward_rows,
-                                             gelu_forward_rows, layernorm_backward_rows,
+                                             embedding_forward_rows, gelu_backward_fast,
+                                             gelu_forward_fast, layernorm_backward_rows,
                                              layernorm_forward_rows, linear_backward_rows,
                                              linear_forward_rows)
 from minialign.model import ModelConfig, encode, encode_backward, init_params
@@ -59,8 +59,8 @@ def layer_pairs(rng, n, dtype):
     out.append(("linear", (y, *layers.linear_backward(dyF, c)),
                 (y_f, *linear_backward_rows(dyF, c_f))))
     y, c = layers.gelu_forward(4 * dyF)
-    y_f, c_f = gelu_forward_rows(4 * dyF)
-    out.append(("gelu", (y, layers.gelu_backward(dyF, c)), (y_f, gelu_backward_rows(dyF, c_f))))
+    y_f, c_f = gelu_forward_fast(4 * dyF)
+    out.append(("gelu", (y, layers.gelu_backward(dyF, c)), (y_f, gelu_backward_fast(dyF, c_f))))
     (t, ct), (p, cp) = layers.embedding_forward(tok, tok_emb), layers.embedding_forward(pos, pos_emb)
     h_f, c_f = embedding_forward_rows(tok, pos, tok_emb, pos_emb)
     out.append(("embedding", (t + p, layers.embedding_backward(dy, ct),
@@ -101,7 +101,7 @@ def test_rows_layers_against_finite_differences():
                 dict(x=x, gamma=rng.standard_normal(D), beta=rng.standard_normal(D)), (n, D), rng)
     check_layer(linear_forward_rows, linear_backward_rows,
                 dict(x=x, w=rng.standard_normal((D, F)), b=rng.standard_normal(F)), (n, F), rng)
-    check_layer(gelu_forward_rows, gelu_backward_rows, dict(x=3 * x), (n, D), rng)
+    check_layer(gelu_forward_fast, gelu_backward_fast, dict(x=3 * x), (n, D), rng)
 
 
 def test_sum_partials_adds_in_slot_order():

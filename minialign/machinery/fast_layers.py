@@ -12,11 +12,17 @@ gradients on ragged batches. What is rearranged, and why:
   in-place      softmax_attention_forward and gelu_forward_fast write each pass into one buffer:
                 their arrays are the largest in the model. The GELU chain measured 1.8x faster
                 than layers.gelu_forward (forward + backward on (6873, 1024) float32).
+  row blocks    The per-token layers (section "rows") run as chains of passes over blocks of
+                64 packed rows that stay in L2, spread over the cores by rows.py's thread pool;
+                their sums over rows are per-block partials added in block order, so the bits
+                do not depend on the thread count (tests/test_rows.py).
 
-tests/test_reference.py pins this module's float32 rounding: keep every pass, its order and its
-float64 scalar constants (under NumPy 2, `a *= np.float64(c)` on a float32 buffer multiplies in
-float64 and rounds once; a Python float would round c to float32 first). A rewrite that reads
-better but rounds differently belongs in layers.py.
+Constants are scalars of the array's dtype: np.float32(c) on float32 arrays. Under NumPy 2,
+`a *= np.float64(c)` on a float32 buffer runs the float64 loop and rounds back (~4x slower per
+pass), so no float64 scalar touches a float32 array here (tests/test_rows.py fails a float32
+step on any; the attention's `scores *= scale` is the one left, listed there as a known leak
+until its rewrite). tests/test_reference.py pins this module's float32 rounding: a change to a pass,
+its order or a block size changes the pinned numbers and must say so when it regenerates them.
 """
 from typing import NamedTuple
 
@@ -27,7 +33,6 @@ from ..layers import (GELU_A, GELU_C, LN_EPS, attention_bias, linear_backward, l
 from .rows import map_blocks, matmul_tn_rows, row_blocks, run, sum_partials
 
 ATTENTION_GROUP = 64  # captions per attention grid (sorted by length: little padding in each)
-GELU_C64 = np.float64(GELU_C)  # float64 on purpose: the rounding described above
 
 
 # ---------------------------------------------------------------- packing and grouping
@@ -138,38 +143,6 @@ def mha_backward_fast(dy, cache):
         dqkv[g.rows] = pack(dgrid, g.cells)                               # (n_g, 3D)
     dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (n, D)
     return dx, dw_qkv, db_qkv, dw_o, db_o
-
-
-# ---------------------------------------------------------------- GELU, fused
-def gelu_forward_fast(x):
-    """layers.gelu_forward, y = x/2 (1 + tanh(c (x + a x^3))), as in-place passes over one
-    buffer. x: any shape. Returns y and a cache."""
-    u = x * x                                                             # (...) x^2
-    u *= GELU_A * GELU_C64
-    u += GELU_C64
-    u *= x                                                                # c (x + a x^3)
-    th = np.tanh(u, out=u)                                                # (...)
-    y = th * x                                                            # (...)
-    y += x
-    y *= 0.5                                                              # x/2 (1 + th)
-    return y, (x, th)
-
-
-def gelu_backward_fast(dy, cache):
-    """layers.gelu_backward: dx = dy * [ (1 + th)/2 + x/2 (1 - th^2) c (1 + 3 a x^2) ]."""
-    x, th = cache
-    dx = x * x                                                            # (...) x^2
-    dx *= 3.0 * GELU_A * GELU_C64
-    dx += GELU_C64                                                        # c (1 + 3 a x^2)
-    dx *= x
-    sech2 = th * th                                                       # (...)
-    np.subtract(1.0, sech2, out=sech2)                                    # 1 - tanh^2
-    dx *= sech2                                                           # x (1-th^2) c (1+3a x^2)
-    dx += th
-    dx += 1.0
-    dx *= 0.5
-    dx *= dy
-    return dx
 
 
 # ---------------------------------------------------------------- rows: per-token layers
@@ -311,8 +284,8 @@ def layernorm_backward_rows(dy, cache):
     return dx, _row_sums(dgamma_parts), _row_sums(dbeta_parts)
 
 
-def gelu_forward_rows(x):
-    """gelu_forward_fast per row block: y = x/2 (1 + tanh(c (x + a x^3))), dtype constants.
+def gelu_forward_fast(x):
+    """layers.gelu_forward as in-place passes per row block: y = x/2 (1 + tanh(c (x + a x^3))).
     x: (n, F). Returns y: (n, F) and a cache (x, th)."""
     th, y = np.empty_like(x), np.empty_like(x)                            # (n, F), (n, F)
     ac, c, half = _const(GELU_A * GELU_C, x), _const(GELU_C, x), _const(0.5, x)
@@ -332,8 +305,8 @@ def gelu_forward_rows(x):
     return y, (x, th)
 
 
-def gelu_backward_rows(dy, cache):
-    """gelu_backward_fast per row block: dx = dy [(1 + th)/2 + x/2 (1 - th^2) c (1 + 3 a x^2)]."""
+def gelu_backward_fast(dy, cache):
+    """layers.gelu_backward per row block: dx = dy [(1 + th)/2 + x/2 (1 - th^2) c (1 + 3 a x^2)]."""
     x, th = cache
     dx = np.empty_like(dy)                                                # (n, F)
     ac3, c, half, one = (_const(v, dy) for v in (3.0 * GELU_A * GELU_C, GELU_C, 0.5, 1.0))
