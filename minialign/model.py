@@ -88,7 +88,8 @@ def encode(params, tokens, cfg, causal=False):
     """Caption embeddings of a batch of token ids.
     tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
     causal: each token reads only itself and earlier tokens (next-token training) instead of
-    the whole caption. Per-token layers run on the n real tokens only (fast_layers.pack).
+    the whole caption. Per-token layers run on the n real tokens only (fast_layers.pack), in
+    blocks of rows spread over the cores (fast_layers' "rows" section, machinery/rows.py).
     Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""

@@ -2,7 +2,6 @@
 (fast_layers.py's "rows" section): the references' outputs and gradients on ragged row counts,
 the same bits on 1, 2 or 3 threads, and no float64 scalar or array inside a float32 step."""
 import ast
-import dataclasses
 import inspect
 from pathlib import Path
 
@@ -61,7 +60,8 @@ def layer_pairs(rng, n, dtype):
     y, c = layers.gelu_forward(4 * dyF)
     y_f, c_f = gelu_forward_fast(4 * dyF)
     out.append(("gelu", (y, layers.gelu_backward(dyF, c)), (y_f, gelu_backward_fast(dyF, c_f))))
-    (t, ct), (p, cp) = layers.embedding_forward(tok, tok_emb), layers.embedding_forward(pos, pos_emb)
+    (t, ct), (p, cp) = (layers.embedding_forward(tok, tok_emb),
+                        layers.embedding_forward(pos, pos_emb))
     h_f, c_f = embedding_forward_rows(tok, pos, tok_emb, pos_emb)
     out.append(("embedding", (t + p, layers.embedding_backward(dy, ct),
                               layers.embedding_backward(dy, cp)),
@@ -232,7 +232,8 @@ def test_float32_step_has_no_float64_intermediate(objective, pool_threads, monke
     pool_threads(2)
     watch_allocations(monkeypatch)
     cfg = TrainConfig(objective=objective, model=TINY)
-    params = {k: v.view(Float32Only) for k, v in init_params(TINY, np.random.default_rng(0)).items()}
+    params = init_params(TINY, np.random.default_rng(0))
+    params = {k: v.view(Float32Only) for k, v in params.items()}
     batch = tiny_batch(np.random.default_rng(1))
     Float32Only.leaks = []
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])
@@ -259,7 +260,7 @@ def test_no_float64_constant_in_the_rows_code():
     NumPy scalar from a Python number (np.sqrt(2.0), np.float64(c)): constants go through
     fast_layers._const, which takes the array's dtype."""
     source = inspect.getsource(fast_layers)
-    rows_section = source[source.index("# ---------------------------------------------------------------- rows"):]
+    rows_section = source[source.index("# " + "-" * 64 + " rows"):]
     for name, text in (("fast_layers rows", rows_section),
                        ("model.encode", inspect.getsource(model.encode)),
                        ("model.encode_backward", inspect.getsource(model.encode_backward)),
@@ -272,4 +273,4 @@ def test_no_float64_constant_in_the_rows_code():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "np"
                     and node.args and all(isinstance(a, ast.Constant) for a in node.args)):
-                pytest.fail(f"{name}: np.{node.func.attr} of a Python constant (line {node.lineno})")
+                pytest.fail(f"{name}: np.{node.func.attr} of a constant (line {node.lineno})")
