@@ -274,3 +274,17 @@ def test_no_float64_constant_in_the_rows_code():
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "np"
                     and node.args and all(isinstance(a, ast.Constant) for a in node.args)):
                 pytest.fail(f"{name}: np.{node.func.attr} of a constant (line {node.lineno})")
+
+
+def test_run_inside_a_task_runs_inline(pool_threads):
+    """A task that itself calls run() (nested) finishes instead of waiting on busy workers."""
+    pool_threads(2)
+    out = np.zeros((4, 3))
+
+    def task(i):
+        def inner(j):
+            out[i, j] = 10 * i + j
+        rows.run(inner, 3)
+
+    rows.run(task, 4)
+    np.testing.assert_array_equal(out, np.arange(4)[:, None] * 10 + np.arange(3))

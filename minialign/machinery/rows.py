@@ -36,6 +36,7 @@ import numpy as np
 ROW_BLOCK = 64      # rows per block (see above: fits L2 at C = 1024 float32)
 REDUCE_BLOCKS = 8   # row blocks per partial of a weight gradient (512 rows)
 SMALL_SUM = 65536   # sum_partials adds a total smaller than this on the calling thread
+POOL_NAME = "minialign-rows"   # the workers' thread name prefix
 _THREADS = None     # threads the pool runs, set by set_threads (machine.use_cores); None: all
 _EXECUTOR = None    # (threads, ThreadPoolExecutor of threads - 1 workers), made on first use
 _BLAS = {}          # OpenBLAS function name -> ctypes function or None, found once (openblas)
@@ -89,13 +90,15 @@ def row_blocks(n, block=ROW_BLOCK):
 def run(task, n_items):
     """task(i) for i in range(n_items), spread over threads() threads; returns when all are
     done, re-raising the first exception of any task. Items are claimed one at a time, so a
-    thread slowed by another process takes fewer. task must write only its own outputs."""
+    thread slowed by another process takes fewer. task must write only its own outputs.
+    Called from inside a task, runs on the calling thread alone (no deadlock on the pool)."""
     get, set_ = openblas("get_num_threads"), openblas("set_num_threads")
     blas = get() if get is not None and set_ is not None else 1
     if blas != 1:
         set_(ctypes.c_int(1))
     try:
-        _run(task, n_items, min(threads(), n_items))
+        nested = threading.current_thread().name.startswith(POOL_NAME)   # a task's own run()
+        _run(task, n_items, 1 if nested else min(threads(), n_items))
     finally:
         if blas != 1:
             set_(ctypes.c_int(blas))
@@ -132,7 +135,7 @@ def _executor():
     if _EXECUTOR is None or _EXECUTOR[0] != k:
         if _EXECUTOR is not None:
             _EXECUTOR[1].shutdown(wait=True)
-        _EXECUTOR = (k, ThreadPoolExecutor(max(k - 1, 1), thread_name_prefix="minialign-rows"))
+        _EXECUTOR = (k, ThreadPoolExecutor(max(k - 1, 1), thread_name_prefix=POOL_NAME))
     return _EXECUTOR[1]
 
 
