@@ -158,11 +158,6 @@ def _const(value, like):
     return like.dtype.type(value)
 
 
-def _row_sums(partials):
-    """(P, C) one partial sum per row block -> (C,), added in block order."""
-    return sum_partials(partials)
-
-
 def embedding_forward_rows(tok_ids, pos_ids, tok_emb, pos_emb):
     """layers.embedding_forward twice, summed: h[i] = tok_emb[tok_ids[i]] + pos_emb[pos_ids[i]].
     tok_ids, pos_ids: (n,) int; tok_emb: (V, D); pos_emb: (T_max, D). Returns h (n, D), a cache."""
@@ -222,7 +217,7 @@ def linear_backward_rows(dy, cache):
         np.sum(dy[s:e], axis=0, out=db_parts[i])
 
     map_blocks(block, len(dy))
-    return dx, matmul_tn_rows(x, dy), _row_sums(db_parts)
+    return dx, matmul_tn_rows(x, dy), sum_partials(db_parts)
 
 
 def layernorm_forward_rows(x, gamma, beta, eps=LN_EPS):
@@ -281,7 +276,7 @@ def layernorm_backward_rows(dy, cache):
         g *= inv_std[s:e]                                                 # dx
 
     map_blocks(block, n)
-    return dx, _row_sums(dgamma_parts), _row_sums(dbeta_parts)
+    return dx, sum_partials(dgamma_parts), sum_partials(dbeta_parts)
 
 
 def gelu_forward_fast(x):
