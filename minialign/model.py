@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machinery.fast_layers import (gelu_backward_fast, gelu_forward_fast, mean_pool_backward_fast,
-                          mean_pool_forward_fast, mha_backward_fast, mha_forward_fast,
-                          packed_layout)
-from .layers import (embedding_backward, embedding_forward, layernorm_backward, layernorm_forward,
-                     linear_backward, linear_forward)
+from .machinery.fast_layers import (add_rows, embedding_backward_rows, embedding_forward_rows,
+                                    gelu_backward_fast, gelu_forward_fast,
+                                    layernorm_backward_rows, layernorm_forward_rows,
+                                    linear_backward_rows, linear_forward_rows,
+                                    mean_pool_backward_fast, mean_pool_forward_fast,
+                                    mha_backward_fast, mha_forward_fast, packed_layout)
+from .machinery.rows import matmul_rows, matmul_tn_rows
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -88,7 +90,8 @@ def encode(params, tokens, cfg, causal=False):
     causal: each token reads only itself and earlier tokens (next-token training) instead of
     the whole caption. Per-token layers run on the n real tokens only, as rows laid out
     caption by caption, sorted by length (fast_layers.packed_layout: attention reads each
-    group of equal-length captions as a view of its rows, and pooling is a segment mean).
+    group of equal-length captions as a view of its rows, and pooling is a segment mean), in
+    blocks of rows spread over the cores (fast_layers' "rows" section, machinery/rows.py).
     Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""
@@ -96,26 +99,26 @@ def encode(params, tokens, cfg, causal=False):
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
     mask = tokens != PAD                                                  # (B, T) real tokens
     layout = packed_layout(mask, causal, params["tok_emb"].dtype)         # rows sorted by length
-    h, c_tok = embedding_forward(tokens.ravel()[layout.flat], params["tok_emb"])  # (n, D)
-    p_emb, c_pos = embedding_forward(layout.pos, params["pos_emb"])       # (n, D)
-    h += p_emb
+    # h = tok_emb[tokens] + pos_emb[positions]
+    h, c_emb = embedding_forward_rows(tokens.ravel()[layout.flat], layout.pos, params["tok_emb"],
+                                      params["pos_emb"])                  # (n, D)
     blocks = []
     for i in range(cfg.n_layers):
         (ln1_gamma, ln1_beta, w_qkv, b_qkv, w_o, b_o,
          ln2_gamma, ln2_beta, w_in, b_in, w_out, b_out) = (params[k] for k in block_keys(i))
-        a, c_ln1 = layernorm_forward(h, ln1_gamma, ln1_beta)              # (n, D)
+        a, c_ln1 = layernorm_forward_rows(h, ln1_gamma, ln1_beta)         # (n, D)
         a, c_att = mha_forward_fast(a, w_qkv, b_qkv, w_o, b_o, layout.groups, cfg.n_heads)
-        h = h + a                                                         # (n, D) residual
-        m, c_ln2 = layernorm_forward(h, ln2_gamma, ln2_beta)              # (n, D)
-        m, c_in = linear_forward(m, w_in, b_in)                           # (n, F)
+        h = add_rows(h, a)                                                # (n, D) residual
+        m, c_ln2 = layernorm_forward_rows(h, ln2_gamma, ln2_beta)         # (n, D)
+        m, c_in = linear_forward_rows(m, w_in, b_in)                      # (n, F)
         m, c_gelu = gelu_forward_fast(m)                                  # (n, F)
-        m, c_out = linear_forward(m, w_out, b_out)                        # (n, D)
-        h = h + m                                                         # (n, D) residual
+        m, c_out = linear_forward_rows(m, w_out, b_out)                   # (n, D)
+        h = add_rows(h, m)                                                # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
-    hf, c_lnf = layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
+    hf, c_lnf = layernorm_forward_rows(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
     z, c_pool = mean_pool_forward_fast(hf, layout)                        # (B, D)
     # hf back in the order of tokens[tokens != PAD], the order next-token targets use
-    return z, hf[layout.caption_rows], (c_tok, c_pos, blocks, c_lnf, c_pool, layout)
+    return z, hf[layout.caption_rows], (c_emb, blocks, c_lnf, c_pool, layout)
 
 
 def encode_backward(dz, dhf, cache):
@@ -124,24 +127,24 @@ def encode_backward(dz, dhf, cache):
     or None when the loss reads only z. When z holds two views of each caption (one encode
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
     Returns {name: gradient}, the keys of params."""
-    c_tok, c_pos, blocks, c_lnf, c_pool, layout = cache
+    c_emb, blocks, c_lnf, c_pool, layout = cache
     grads = {}
     dhf_rows = mean_pool_backward_fast(dz, c_pool)                        # (n, D) layout order
     if dhf is not None:                                                   # hf fed pool and head
         dhf_rows[layout.caption_rows] += dhf                              # forward: hf[caption_rows]
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward(dhf_rows, c_lnf)  # (n, D)
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward_rows(dhf_rows, c_lnf)
     for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
-        dm, dw_out, db_out = linear_backward(dh, c_out)                   # (n, F)
+        dm, dw_out, db_out = linear_backward_rows(dh, c_out)              # (n, F)
         dm = gelu_backward_fast(dm, c_gelu)                               # (n, F)
-        dm, dw_in, db_in = linear_backward(dm, c_in)                      # (n, D)
-        dm, dln2_gamma, dln2_beta = layernorm_backward(dm, c_ln2)         # (n, D)
-        dh = dh + dm                                                      # (n, D)
+        dm, dw_in, db_in = linear_backward_rows(dm, c_in)                 # (n, D)
+        dm, dln2_gamma, dln2_beta = layernorm_backward_rows(dm, c_ln2)    # (n, D)
+        dh = add_rows(dh, dm)                                             # (n, D)
         # forward: h = h + attn(ln1(h))
         da, dw_qkv, db_qkv, dw_o, db_o = mha_backward_fast(dh, c_att)     # (n, D)
-        da, dln1_gamma, dln1_beta = layernorm_backward(da, c_ln1)         # (n, D)
-        dh = dh + da                                                      # (n, D)
+        da, dln1_gamma, dln1_beta = layernorm_backward_rows(da, c_ln1)    # (n, D)
+        dh = add_rows(dh, da)                                             # (n, D)
         # in the order computed above: clip_grad_norm sums grads.values() in dict order, and
         # that order is part of the float rounding tests/test_reference.py pins
         key = dict(zip(BLOCK_PARAMS, block_keys(i)))                      # "ln1.gamma" -> full key
@@ -152,8 +155,8 @@ def encode_backward(dz, dhf, cache):
                       key["attn.w_o"]: dw_o, key["attn.b_o"]: db_o,
                       key["ln1.gamma"]: dln1_gamma, key["ln1.beta"]: dln1_beta})
     # forward: h = tok_emb[tokens] + pos_emb[positions]
-    grads["pos_emb"] = embedding_backward(dh, c_pos)
-    grads["tok_emb"] = embedding_backward(dh, c_tok)
+    dtok_emb, dpos_emb = embedding_backward_rows(dh, c_emb)               # (V, D), (T_max, D)
+    grads["pos_emb"], grads["tok_emb"] = dpos_emb, dtok_emb               # the pinned dict order
     return grads
 
 
@@ -162,13 +165,13 @@ def lm_head_forward(hf, tok_emb):
     logits = hf @ tok_emb^T, no bias, so the head adds no parameters.
     hf: (n, D) final hidden states at the positions that have a target; tok_emb: (V, D).
     Returns logits (n, V) and a cache."""
-    logits = hf @ tok_emb.T                                               # (n, V)
+    logits = matmul_rows(hf, tok_emb.T)                                   # (n, V) row blocks
     return logits, (hf, tok_emb)
 
 
 def lm_head_backward(dlogits, cache):
     """dlogits: (n, V) -> dhf (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
     hf, tok_emb = cache
-    dhf = dlogits @ tok_emb                                               # (n, D)
-    dtok_emb = dlogits.T @ hf                                             # (V, D)
+    dhf = matmul_rows(dlogits, tok_emb)                                   # (n, D) row blocks
+    dtok_emb = matmul_tn_rows(dlogits, hf)                                # (V, D) sum over rows
     return dhf, dtok_emb

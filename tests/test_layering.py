@@ -19,10 +19,10 @@ import minialign
 PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
-    "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.machine": 0,
-    "machinery.jobs": 1,
-    "data": 1, "machinery.fast_layers": 1, "machinery.rundir": 1, "machinery.embeddings": 1,
-    "machinery.figures": 1, "machinery.slurm": 1, "machinery.speed": 0, "machinery.scaling": 3,
+    "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.rows": 0,
+    "data": 1, "machinery.machine": 1, "machinery.fast_layers": 1, "machinery.rundir": 1,
+    "machinery.embeddings": 1, "machinery.figures": 1, "machinery.slurm": 1,
+    "machinery.speed": 0, "machinery.jobs": 2, "machinery.scaling": 3,
     "model": 2, "machinery.gemms": 2, "machinery.checkpoint": 2, "machinery.download": 2,
     "machinery.photos": 3,
     "objectives": 3,

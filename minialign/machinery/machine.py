@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import rows
+
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _CORES = None   # cores this process computes on, set by use_cores; None: all of available_cores
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")   # OpenBLAS's kernel choice
@@ -47,12 +49,7 @@ def keep_freed_memory():
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
 
 
-def available_cores():
-    """Cores this process may run on (its CPU affinity where the OS tells, else os.cpu_count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+available_cores = rows.available_cores   # defined there: the row pool's default size
 
 
 def cores():
@@ -60,20 +57,7 @@ def cores():
     return _CORES or available_cores()
 
 
-def _openblas(function):
-    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads"), found
-    among the libraries this process has loaded, or None (another BLAS, or not Linux)."""
-    maps = Path("/proc/self/maps")
-    if not maps.exists():
-        return None
-    paths = {line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line}
-    for path in sorted(paths):
-        lib = ctypes.CDLL(path)
-        for name in (f"scipy_openblas_{function}64_", f"openblas_{function}64_",
-                     f"openblas_{function}"):
-            if hasattr(lib, name):
-                return getattr(lib, name)
-    return None
+_openblas = rows.openblas   # numpy's own OpenBLAS function, found there (the pool needs it)
 
 
 def blas_threads():
@@ -83,13 +67,16 @@ def blas_threads():
 
 
 def use_cores(n):
-    """This process computes on n >= 1 cores: sets numpy's BLAS to n threads (OpenBLAS, through
-    its own openblas_set_num_threads; other BLAS libraries keep their setting). Returns True
-    when the BLAS setting took effect. Raises ValueError for n < 1."""
+    """This process computes on n >= 1 cores: the fast path's row pool (rows.py) runs n
+    threads, and numpy's BLAS n threads (OpenBLAS, through its own openblas_set_num_threads;
+    other BLAS libraries keep their setting) for the GEMMs outside the pool; the pool's own
+    GEMMs run one BLAS thread each (rows.run). Returns True when the BLAS setting took effect.
+    Raises ValueError for n < 1."""
     global _CORES
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"use_cores: n={n!r} must be an integer >= 1")
     _CORES = n
+    rows.set_threads(n)
     setter = _openblas("set_num_threads")
     if setter is None:
         return False

@@ -1,0 +1,196 @@
+"""A small thread pool over ROW BLOCKS of packed (n, C) activations: the fast path's way of
+using every core one run owns (fast_layers.py's "rows" section runs its layers through it).
+
+NumPy releases the GIL inside ufuncs and matmul, so Python threads that each take a block of
+rows compute in parallel. Two rules make the result independent of the number of threads:
+
+  1. The partition depends only on n: rows [0, ROW_BLOCK), [ROW_BLOCK, 2 ROW_BLOCK), ...
+     (row_blocks). Which thread computes a block changes nothing, so element-wise work and
+     row-wise GEMMs (x_block @ w) give the same bits on 1, 2 or 16 threads.
+  2. A sum over rows (bias, LayerNorm-gain and weight gradients, x^T dy) is one partial per
+     fixed group of rows, written into its own slot, then added up in slot order
+     (sum_partials). Never "each thread accumulates its own blocks".
+
+GEMMs split this way run on one BLAS thread each: run() sets numpy's OpenBLAS to one thread
+while the pool works and back afterwards, so BLAS's workers do not fight the pool's threads for
+the same cores (measured: a good_views step with 2-thread OpenBLAS called from 2 pool threads
+took 3-5x as long as with 1), while GEMMs outside the pool keep machine.use_cores's threads.
+
+ROW_BLOCK: 64 rows. The widest per-token activation is the MLP's (n, F = 4 D = 1024) float32:
+64 rows of it are 256 KB, so a GELU chain's three such blocks (input, tanh, output; 768 KB)
+stay inside one core's 1 MB L2 (AMD EPYC of the measuring machine; most x86 cores since 2017
+have 1-2 MB). Measured on (6900, 256) @ (256, 1024) float32, 2 cores: 64-row GEMMs on two
+pool threads ran as fast as numpy's 2-thread BLAS on the whole array (52 vs 58 ms).
+REDUCE_BLOCKS: a weight gradient's partial x^T dy covers 8 row blocks (512 rows): a few
+partials of (D_in, D_out) each instead of one per block (14 x 1 MB at n = 6900, D = 256).
+"""
+import ctypes
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROW_BLOCK = 64      # rows per block (see above: fits L2 at C = 1024 float32)
+REDUCE_BLOCKS = 8   # row blocks per partial of a weight gradient (512 rows)
+SMALL_SUM = 65536   # sum_partials adds a total smaller than this on the calling thread
+POOL_NAME = "minialign-rows"   # the workers' thread name prefix
+_THREADS = None     # threads the pool runs, set by set_threads (machine.use_cores); None: all
+_EXECUTOR = None    # (threads, ThreadPoolExecutor of threads - 1 workers), made on first use
+_BLAS = {}          # OpenBLAS function name -> ctypes function or None, found once (openblas)
+
+
+def available_cores():
+    """Cores this process may run on (its CPU affinity where the OS tells, else os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def openblas(function):
+    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads"), found
+    among the libraries this process has loaded, or None (another BLAS, or not Linux)."""
+    if function in _BLAS:
+        return _BLAS[function]
+    _BLAS[function] = None
+    maps = Path("/proc/self/maps")
+    paths = ({line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line}
+             if maps.exists() else set())
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in (f"scipy_openblas_{function}64_", f"openblas_{function}64_",
+                     f"openblas_{function}"):
+            if hasattr(lib, name) and _BLAS[function] is None:
+                _BLAS[function] = getattr(lib, name)
+    return _BLAS[function]
+
+
+def set_threads(k):
+    """The pool runs k >= 1 threads (the calling thread and k - 1 workers) from now on.
+    Called by machine.use_cores. Raises ValueError for k < 1."""
+    global _THREADS
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"rows.set_threads: k={k!r} must be an integer >= 1")
+    _THREADS = k
+
+
+def threads():
+    """Threads the pool runs: set_threads's k, else available_cores()."""
+    return _THREADS or available_cores()
+
+
+def row_blocks(n, block=ROW_BLOCK):
+    """The fixed partition of n rows: a list of (start, stop), each `block` rows but the last."""
+    return [(start, min(start + block, n)) for start in range(0, n, block)]
+
+
+def run(task, n_items):
+    """task(i) for i in range(n_items), spread over threads() threads; returns when all are
+    done, re-raising the first exception of any task. Items are claimed one at a time, so a
+    thread slowed by another process takes fewer. task must write only its own outputs.
+    Called from inside a task, runs on the calling thread alone (no deadlock on the pool)."""
+    get, set_ = openblas("get_num_threads"), openblas("set_num_threads")
+    blas = get() if get is not None and set_ is not None else 1
+    if blas != 1:
+        set_(ctypes.c_int(1))
+    try:
+        nested = threading.current_thread().name.startswith(POOL_NAME)   # a task's own run()
+        _run(task, n_items, 1 if nested else min(threads(), n_items))
+    finally:
+        if blas != 1:
+            set_(ctypes.c_int(blas))
+
+
+def _run(task, n_items, k):
+    """run's work on k threads, BLAS already on one."""
+    if k <= 1:
+        for i in range(n_items):
+            task(i)
+        return
+    counter, lock = itertools.count(), threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = next(counter)
+            if i >= n_items:
+                return
+            task(i)
+
+    futures = [_executor().submit(worker) for _ in range(k - 1)]
+    try:
+        worker()
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _executor():
+    """The worker threads for threads() (made again when set_threads changed the count)."""
+    global _EXECUTOR
+    k = threads()
+    if _EXECUTOR is None or _EXECUTOR[0] != k:
+        if _EXECUTOR is not None:
+            _EXECUTOR[1].shutdown(wait=True)
+        _EXECUTOR = (k, ThreadPoolExecutor(max(k - 1, 1), thread_name_prefix=POOL_NAME))
+    return _EXECUTOR[1]
+
+
+def map_blocks(task, n, block=ROW_BLOCK):
+    """task(i, start, stop) for every block i of row_blocks(n, block), on the pool."""
+    blocks = row_blocks(n, block)
+    run(lambda i: task(i, *blocks[i]), len(blocks))
+
+
+def sum_partials(partials):
+    """partials: (P, ...) array, one partial sum per fixed group of rows -> their sum (...),
+    added in slot order 0, 1, ..., P-1 (the same bits for any number of threads). The rows of
+    the result are split over the pool; each is summed over all P partials in order."""
+    total = partials[0].copy()                                            # (...)
+    flat_total = total.reshape(len(total), -1) if total.ndim else total.reshape(1, 1)
+    flat_parts = partials.reshape(len(partials), *flat_total.shape)       # (P, rows, cols)
+
+    def add(i, start, stop):
+        for p in range(1, len(partials)):
+            flat_total[start:stop] += flat_parts[p, start:stop]
+
+    if total.size < SMALL_SUM:   # a bias's (C,): the same order of additions, no thread hand-off
+        add(0, 0, len(flat_total))
+    else:
+        map_blocks(add, len(flat_total))
+    return total
+
+
+def matmul_rows(x, w, out=None):
+    """x @ w with x's rows in row blocks on the pool. x: (n, K); w: (K, M); out: (n, M) or None.
+    Returns out. Each block's rows are one BLAS call: the same bits for any thread count."""
+    n = x.shape[0]
+    out = np.empty((n, w.shape[1]), dtype=np.result_type(x, w)) if out is None else out
+
+    def block(i, start, stop):
+        np.matmul(x[start:stop], w, out=out[start:stop])
+
+    map_blocks(block, n)
+    return out
+
+
+def matmul_tn_rows(x, dy):
+    """x^T dy, a sum over rows, for weight gradients. x: (n, K); dy: (n, M). Returns (K, M):
+    one partial per REDUCE_BLOCKS row blocks (fixed), computed on the pool, then sum_partials."""
+    n = x.shape[0]
+    chunk = ROW_BLOCK * REDUCE_BLOCKS
+    chunks = row_blocks(n, chunk)
+    partials = np.empty((max(len(chunks), 1), x.shape[1], dy.shape[1]),
+                        dtype=np.result_type(x, dy))                      # (P, K, M)
+    if not chunks:
+        partials[0] = 0
+        return partials[0]
+
+    def block(i, start, stop):
+        np.matmul(x[start:stop].T, dy[start:stop], out=partials[i])
+
+    map_blocks(block, n, chunk)
+    return sum_partials(partials)
