@@ -34,8 +34,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..layers import (GELU_A, GELU_C, LN_EPS, attention_bias, linear_backward, linear_forward,
-                      split_heads)
+from ..layers import GELU_A, GELU_C, LN_EPS, attention_bias, split_heads
 from .rows import map_blocks, matmul_tn_rows, row_blocks, run, sum_partials
 
 ATTENTION_GROUP = 64  # at most this many equal-length captions per attention group
@@ -171,12 +170,12 @@ def mha_forward_fast(x, w_qkv, b_qkv, w_o, b_o, groups, n_heads):
     x: (n, D) packed real tokens, rows laid out by packed_layout; w_qkv: (D, 3D); b_qkv:
     (3D,); w_o: (D, D); b_o: (D,); groups: packed_layout(...).groups. Returns y: (n, D), cache."""
     n, D = x.shape
-    qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                          # (n, 3D)
+    qkv, c_qkv = linear_forward_rows(x, w_qkv, b_qkv)                     # (n, 3D)
     a = np.empty((n, D), dtype=x.dtype)                                   # (n, D) every row written
     probs = [np.empty((g.Bg, n_heads, g.Tg, g.Tg), dtype=x.dtype) for g in groups]
-    for g, p in zip(groups, probs):                                       # independent groups
-        attention_group_forward(qkv, g, n_heads, a, p)
-    y, c_o = linear_forward(a, w_o, b_o)                                  # (n, D)
+    # independent groups, each writing its own rows of a: spread over the row pool's threads
+    run(lambda i: attention_group_forward(qkv, groups[i], n_heads, a, probs[i]), len(groups))
+    y, c_o = linear_forward_rows(a, w_o, b_o)                             # (n, D)
     return y, (c_qkv, qkv, probs, c_o, groups, n_heads)
 
 
@@ -184,11 +183,11 @@ def mha_backward_fast(dy, cache):
     """dy: (n, D) -> dx (n, D), dw_qkv (D, 3D), db_qkv (3D,), dw_o (D, D), db_o (D,)."""
     c_qkv, qkv, probs, c_o, groups, n_heads = cache
     n, D = dy.shape
-    da, dw_o, db_o = linear_backward(dy, c_o)                             # (n, D)
+    da, dw_o, db_o = linear_backward_rows(dy, c_o)                        # (n, D)
     dqkv = np.empty((n, 3 * D), dtype=dy.dtype)                           # (n, 3D) every row written
-    for g, p in zip(groups, probs):                                       # independent groups
-        attention_group_backward(da, qkv, p, g, n_heads, dqkv)
-    dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (n, D)
+    run(lambda i: attention_group_backward(da, qkv, probs[i], groups[i], n_heads, dqkv),
+        len(groups))                                                      # independent groups
+    dx, dw_qkv, db_qkv = linear_backward_rows(dqkv, c_qkv)                # (n, D)
     return dx, dw_qkv, db_qkv, dw_o, db_o
 
 
@@ -232,8 +231,8 @@ def cross_entropy_fast(logits, targets, block_rows=CE_BLOCK):
     if n == 0:
         raise ValueError("cross_entropy over zero targets")
     nll = np.empty(n, dtype=np.float64)                                   # (n,) -log p(target)
-    for start in range(0, n, block_rows):                                 # independent blocks
-        cross_entropy_rows(logits, targets, start, min(start + block_rows, n), n, nll)
+    blocks = row_blocks(n, block_rows)                                    # independent blocks
+    run(lambda i: cross_entropy_rows(logits, targets, *blocks[i], n, nll), len(blocks))
     loss = float(nll.mean())
     return loss, logits, {"ce": loss, "targets": n}
 
