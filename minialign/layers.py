@@ -14,8 +14,9 @@ are constants and get none). A cache is a plain tuple the caller holds, so one l
 twice (two views) before any backward. Layers never cast (float64 in the gradient checks,
 float32 in training) and never write into their `dy` or cache.
 
-This module is the reference. The model runs the packed, length-grouped attention and the
-fused GELU of fast_layers.py, each tested against it; every other layer it runs is this one's.
+This module is the reference. The model runs the fast path (machinery/fast_layers.py:
+attention, pooling, cross-entropy on a packed row layout; machinery/fast_rows.py: the per-token
+layers in row blocks over the cores), each layer tested against its reference here.
 """
 import math
 
@@ -91,7 +92,7 @@ def layernorm_backward(dy, cache):
 def gelu_forward(x):
     """GELU, tanh approximation: y = x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2/pi), a = 0.044715
     (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache.
-    The model runs fast_layers.gelu_forward_fast, the same formula as in-place passes."""
+    The model runs fast_rows.gelu_forward_fast, the same formula as in-place passes."""
     th = np.tanh(GELU_C * (x + GELU_A * x**3))                            # (...)
     y = 0.5 * x * (1.0 + th)                                              # (...)
     return y, (x, th)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .machinery.fast_layers import (add_rows, embedding_backward_rows, embedding_forward_rows,
-                                    gelu_backward_fast, gelu_forward_fast,
-                                    layernorm_backward_rows, layernorm_forward_rows,
-                                    linear_backward_rows, linear_forward_rows,
-                                    mean_pool_backward_fast, mean_pool_forward_fast,
+from .machinery.fast_layers import (mean_pool_backward_fast, mean_pool_forward_fast,
                                     mha_backward_fast, mha_forward_fast, packed_layout)
+from .machinery.fast_rows import (add_rows, embedding_backward_rows, embedding_forward_rows,
+                                  gelu_backward_fast, gelu_forward_fast, layernorm_backward_rows,
+                                  layernorm_forward_rows, linear_backward_rows,
+                                  linear_forward_rows)
 from .machinery.rows import matmul_rows, matmul_tn_rows
 from .tokenizer import PAD, SPECIALS
 
@@ -91,7 +91,7 @@ def encode(params, tokens, cfg, causal=False):
     the whole caption. Per-token layers run on the n real tokens only, as rows laid out
     caption by caption, sorted by length (fast_layers.packed_layout: attention reads each
     group of equal-length captions as a view of its rows, and pooling is a segment mean), in
-    blocks of rows spread over the cores (fast_layers' "rows" section, machinery/rows.py).
+    blocks of rows spread over the cores (machinery/fast_rows.py, machinery/rows.py).
     Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""

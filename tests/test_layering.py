@@ -3,7 +3,7 @@ level in LEVELS, so no import circle can form (the replicate <-> report circle o
 fail here), and the core never reaches up into the machinery that runs it.
 
 Two core modules import from machinery/, and may because those modules sit low: model
-imports machinery.fast_layers (the packed attention path; it imports only layers); train
+imports machinery.fast_layers and fast_rows (the fast path; they import only layers and rows); train
 imports machinery.rundir, machinery.checkpoint, machinery.files and machinery.monitor
 (training reads its captions, writes a run directory, evaluates and prints its progress;
 they import only numpy, tqdm and the core below train).
@@ -20,20 +20,21 @@ PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
     "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.rows": 0,
-    "data": 1, "machinery.machine": 1, "machinery.fast_layers": 1, "machinery.rundir": 1,
-    "machinery.embeddings": 1, "machinery.figures": 1, "machinery.slurm": 1,
-    "machinery.speed": 0, "machinery.jobs": 2, "machinery.scaling": 3,
-    "model": 2, "machinery.gemms": 2, "machinery.checkpoint": 2, "machinery.download": 2,
-    "machinery.photos": 3,
-    "objectives": 3,
-    "machinery.monitor": 4,
-    "train": 5,
-    "machinery.encoder": 6, "machinery.protocol": 6, "machinery.evaluate": 6,
-    "machinery.synthetic": 6, "machinery.coco": 6, "machinery.export": 6, "machinery.bench": 6,
-    "machinery.report": 7, "machinery.bench_torch": 7, "machinery.estimate": 7,
-    "machinery.replicate": 8,
-    "machinery.cli": 9,
-    "__main__": 10,
+    "data": 2, "machinery.machine": 2, "machinery.fast_rows": 2, "machinery.fast_layers": 3,
+    "machinery.rundir": 2,
+    "machinery.embeddings": 2, "machinery.figures": 2, "machinery.slurm": 2,
+    "machinery.speed": 0, "machinery.jobs": 4, "machinery.scaling": 6,
+    "model": 4, "machinery.gemms": 4, "machinery.checkpoint": 4, "machinery.download": 4,
+    "machinery.photos": 6,
+    "objectives": 6,
+    "machinery.monitor": 8,
+    "train": 10,
+    "machinery.encoder": 12, "machinery.protocol": 12, "machinery.evaluate": 12,
+    "machinery.synthetic": 12, "machinery.coco": 12, "machinery.export": 12, "machinery.bench": 12,
+    "machinery.report": 14, "machinery.bench_torch": 14, "machinery.estimate": 14,
+    "machinery.replicate": 16,
+    "machinery.cli": 18,
+    "__main__": 20,
 }
 # imports inside a function, each for a reason other than dodging a circle
 LAZY_IMPORTS = {

@@ -1,5 +1,5 @@
 """The row pool (minialign/machinery/rows.py) and the per-token layers that run on it
-(fast_layers.py's "rows" section): the references' outputs and gradients on ragged row counts,
+(machinery/fast_rows.py): the references' outputs and gradients on ragged row counts,
 the same bits on 1, 2 or 3 threads, and no float64 scalar or array inside a float32 step."""
 import ast
 import inspect
@@ -11,12 +11,12 @@ from gradcheck import check_layer, rel_err
 
 from minialign import layers, model
 from minialign.data import Batch
-from minialign.machinery import fast_layers, machine, rows
-from minialign.machinery.fast_layers import (add_rows, embedding_backward_rows,
-                                             embedding_forward_rows, gelu_backward_fast,
-                                             gelu_forward_fast, layernorm_backward_rows,
-                                             layernorm_forward_rows, linear_backward_rows,
-                                             linear_forward_rows)
+from minialign.machinery import fast_rows, machine, rows
+from minialign.machinery.fast_rows import (add_rows, embedding_backward_rows,
+                                           embedding_forward_rows, gelu_backward_fast,
+                                           gelu_forward_fast, layernorm_backward_rows,
+                                           layernorm_forward_rows, linear_backward_rows,
+                                           linear_forward_rows)
 from minialign.model import ModelConfig, encode, encode_backward, init_params
 from minialign.train import TrainConfig, train_step
 from minialign.optim import adam_init
@@ -248,7 +248,7 @@ def test_float32_step_has_no_float64_intermediate(objective, pool_threads, monke
 def test_the_float64_detector_catches_a_leak(pool_threads, monkeypatch):
     """The detector above, on a planted leak: LayerNorm's 1/D as a float64 scalar."""
     watch_allocations(monkeypatch)
-    monkeypatch.setattr(fast_layers, "_const", lambda value, like: np.float64(value))
+    monkeypatch.setattr(fast_rows, "_const", lambda value, like: np.float64(value))
     Float32Only.leaks = []
     x = np.random.default_rng(0).standard_normal((70, 8)).astype(np.float32).view(Float32Only)
     layernorm_forward_rows(x, np.ones(8, np.float32), np.zeros(8, np.float32))
@@ -256,12 +256,10 @@ def test_the_float64_detector_catches_a_leak(pool_threads, monkeypatch):
 
 
 def test_no_float64_constant_in_the_rows_code():
-    """The rows section of fast_layers.py and model.py's encoder never name float64 or build a
-    NumPy scalar from a Python number (np.sqrt(2.0), np.float64(c)): constants go through
-    fast_layers._const, which takes the array's dtype."""
-    source = inspect.getsource(fast_layers)
-    rows_section = source[source.index("# " + "-" * 64 + " rows"):]
-    for name, text in (("fast_layers rows", rows_section),
+    """fast_rows.py and model.py's encoder never name float64 or build a NumPy scalar from a
+    Python number (np.sqrt(2.0), np.float64(c)): constants go through fast_rows._const, which
+    takes the array's dtype."""
+    for name, text in (("fast_rows", inspect.getsource(fast_rows)),
                        ("model.encode", inspect.getsource(model.encode)),
                        ("model.encode_backward", inspect.getsource(model.encode_backward)),
                        ("model.lm_head", inspect.getsource(model.lm_head_forward)

@@ -2,11 +2,15 @@
 
   the command line  cli (sub-commands), flags (value types; each training flag once)
   a run directory   rundir (file names, reads, writes), checkpoint (resume, --force), files
-                    (atomic writes, readers, lock), monitor (what a run evaluates and
-                    prints), encoder
-  the fast path     fast_layers: packed, length-grouped attention; layers.mha_forward is its
-                    readable reference
+                    (atomic writes, readers, lock), monitor (inputs read and checked, what
+                    a run evaluates and prints), encoder
+  the fast path     fast_layers (row layout, attention per group of one length, pooling,
+                    cross-entropy), fast_rows (per-token layers over row blocks), rows (the
+                    thread pool over row blocks); layers.py is their readable reference
   image side        embeddings (.npz format), export (DINOv2, optional torch), evaluate
-  replication       protocol (grid, lr search), replicate, report + figures, synthetic
-  data and speed    coco + download + photos (`make data`), bench + machine
+  replication       protocol (grid, lr search), replicate, jobs (runs in parallel), estimate
+                    (the time a grid will take), slurm (job arrays), report + figures + speed
+                    ("aligns faster"), scaling (sweep sizes, the gap's trend), synthetic
+  data and speed    coco + download + photos (`make data`), bench + gemms + bench_torch +
+                    machine
 """
