@@ -138,3 +138,24 @@ def test_damaged_json_is_one_line_and_changes_no_result(text_only, tmp_path, cap
     assert "Traceback" not in err
     assert err.splitlines() == [f"minialign report: error: {out / name}: {message}"]
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_speed_table_follows_the_saved_curves(text_only):
+    """results.json's "speed" per objective equals speed.py on each run's own saved val curve,
+    with next_token's final value at the same seed as the target."""
+    from minialign.machinery.speed import speed_numbers
+    results = report.collect(text_only["out"])
+    runs, metric = results["runs"], results["metric"]
+    final = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
+             for n in results["seed_runs"]["next_token"]}
+    for obj, names in results["seed_runs"].items():
+        per_seed = [speed_numbers(runs[n]["curve"]["step"], runs[n]["curve"][metric],
+                                  final[runs[n]["seed"]]) for n in names]
+        row = results["speed"][obj]
+        reached = [s["steps_to_target"] for s in per_seed if s["steps_to_target"] is not None]
+        assert row["not_reached"] == len(per_seed) - len(reached)
+        assert (row["steps_to_target"] or {"values": []})["values"] == reached
+        assert row["auc"]["values"] == [s["auc"] for s in per_seed]
+    # next_token reaches its own final value by its last evaluation at the latest
+    assert results["speed"]["next_token"]["not_reached"] == 0
+    assert "steps to reach next_token's final value" in report.format_markdown(results)

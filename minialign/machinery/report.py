@@ -23,6 +23,7 @@ from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
 from .protocol import load_protocol, lr_search, run_config, run_name, selection_score
 from .rundir import is_diverged, read_metrics, read_run_config
+from .speed import speed_numbers
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "mutual_knn_lr_search": 0.328},
@@ -124,9 +125,46 @@ def collect(out):
             "chance": finished[0]["chance"] if finished else {}, "published": PUBLISHED,
             "difference": {"metric": metric, "seeds": shared, "per_seed": diffs,
                            "good_views_higher": sum(d > 0 for d in diffs)},
-            "lr_search": searches, "runs": runs,
+            "lr_search": searches, "runs": runs, "speed": speed_summary(runs, seed_runs, metric),
             "wall_seconds": sum(r["wall_seconds"] for r in runs.values()),
             "figures": list(FIGURES)}
+
+
+def speed_summary(runs, seed_runs, metric):
+    """Per objective, over its seeds (speed.py): steps to next_token's final val value at the
+    same seed ("not_reached" counts the seeds that never get there), to 50% / 90% of its own
+    final value, and the curve's mean (auc), each as mean_std; metric: the curves' key."""
+    finals = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
+              for n in seed_runs.get("next_token", []) if metric in runs[n]["curve"]}
+    summary = {}
+    for obj, names in seed_runs.items():
+        per_seed = [speed_numbers(runs[n]["curve"]["step"], runs[n]["curve"][metric],
+                                  finals.get(runs[n]["seed"]))
+                    for n in names if metric in runs[n]["curve"]]
+        summary[obj] = {key: mean_std([s[key] for s in per_seed if s[key] is not None])
+                        for key in ("steps_to_target", "steps_to_50", "steps_to_90", "auc")}
+        summary[obj]["not_reached"] = sum(s["steps_to_target"] is None for s in per_seed)
+    return summary
+
+
+def speed_lines(results):
+    """The "aligns faster" table of results.md."""
+    what = LABELS[results["metric"]] if results["image"] else "paraphrase R@1"
+    lines = [f"How fast (val {what}; steps on the evaluation grid): steps to reach next_token's "
+             f"final value at the same seed, to 50% and 90% of the run's own final value, and "
+             f"the curve's mean over training (area under it / steps).", "",
+             "| objective | steps to next_token's final | to 50% | to 90% | curve mean |",
+             "|---|---:|---:|---:|---:|"]
+    for obj, row in results["speed"].items():
+        def steps(key):
+            v = row[key]
+            return "-" if v is None else f"{v['mean']:.0f}" + (
+                f" ± {v['std']:.0f}" if v["std"] is not None else "")
+        late = f" ({row['not_reached']} seed(s) never)" if row["not_reached"] else ""
+        auc = row["auc"]
+        lines.append(f"| {obj} | {steps('steps_to_target')}{late} | {steps('steps_to_50')} | "
+                     f"{steps('steps_to_90')} | {cell(auc, False)[0] if auc else '-'} |")
+    return lines
 
 
 # ---------------------------------------------------------------- results.md
@@ -175,7 +213,7 @@ def format_markdown(results):
         pend = "pending" if not image and search["chosen"] else None
         lines.append(f"| {name} | {pend or fmt(test.get('mutual_knn'))} | | {pub} | "
                      f"{pend or fmt(test.get('R@1'))} | | | {fmt(test.get(TEXT_KEY))} |")
-    lines += [""] + difference_lines(results) + [""]
+    lines += [""] + difference_lines(results) + [""] + speed_lines(results) + [""]
     if image and not results["comparable"]:
         lines += [f"The published numbers are the COCO replication's (DINOv2 image embeddings); "
                   f"these runs were scored against {', '.join(results['embeddings_models'])}: "
