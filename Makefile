@@ -98,7 +98,7 @@ eta-quick:          ## how long `make replicate-quick` will take here; writes no
 	$(CHECK_QUICK)
 	$(PY) -m minialign replicate $(QUICK_ARGS) --dry-run
 
-# The grid on a SYNTHETIC world (no COCO needed): D=32, 1 block, 120 steps x 64 photos, with
+# The grid on a SYNTHETIC world (no COCO needed): D=64, 1 block, 100 steps x 64 photos, with
 # an lr search over 1e-3..1e-2. Its matrices are tiny, so one BLAS thread is the fastest.
 demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr search, synthetic, ~5 min
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign replicate \
