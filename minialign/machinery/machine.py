@@ -12,7 +12,6 @@ import numpy as np
 from . import rows
 
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_CORES = None   # cores this process computes on, set by use_cores; None: all of available_cores
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")   # OpenBLAS's kernel choice
 
 
@@ -53,8 +52,9 @@ available_cores = rows.available_cores   # defined there: the row pool's default
 
 
 def cores():
-    """Cores this process computes on: use_cores's n, else available_cores()."""
-    return _CORES or available_cores()
+    """Cores this process computes on: use_cores's n, else available_cores() (the row pool's
+    size: rows.threads holds it, set once by use_cores)."""
+    return rows.threads()
 
 
 _openblas = rows.openblas   # numpy's own OpenBLAS function, found there (the pool needs it)
@@ -72,10 +72,8 @@ def use_cores(n):
     other BLAS libraries keep their setting) for the GEMMs outside the pool; the pool's own
     GEMMs run one BLAS thread each (rows.run). Returns True when the BLAS setting took effect.
     Raises ValueError for n < 1."""
-    global _CORES
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"use_cores: n={n!r} must be an integer >= 1")
-    _CORES = n
     rows.set_threads(n)
     setter = _openblas("set_num_threads")
     if setter is None:
