@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import bench, coco, evaluate, export, replicate, report, synthetic
+from . import bench, coco, evaluate, export, replicate, report, slurm_runs, synthetic
 from .machine import use_cores
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
@@ -114,6 +114,7 @@ def add_replicate_args(p):
                         "long the grid will take, write nothing")
     p.add_argument("--no-estimate", action="store_true",
                    help="start at once, without timing the grid first")
+    slurm_runs.add_slurm_args(p)
 
 
 def protocol_from_args(args):
@@ -130,7 +131,9 @@ def protocol_from_args(args):
 
 
 def run_replicate(args):
-    return replicate.run_replicate(protocol_from_args(args), args)
+    slurm_runs.check_slurm_args(args)
+    run = slurm_runs.run_slurm if args.slurm else replicate.run_replicate
+    return run(protocol_from_args(args), args)
 
 
 def add_bench_args(p):
