@@ -136,7 +136,11 @@ def hand_over(protocol, args, emb, vocab_size, wanted=wanted_runs):
     (job id or None, {run name: task index}, names Slurm already holds); an empty dict when
     nothing is missing (no file written)."""
     out, metric = Path(args.out), "mutual_knn" if emb else "paraphrase_R@1"
-    held = slurm.queued(out)
+    reason = slurm.available()
+    held = {} if reason else slurm.queued(out)
+    if reason:
+        print(f"[slurm] {reason}: runs queued in Slurm already cannot be known here, every "
+              f"missing run is listed", flush=True)
     todo = missing_runs(wanted(protocol, out, emb, metric), out, emb, held)
     threads = args.threads or DEFAULT_THREADS
     tasks = [task(cfg, out, threads, args.embeddings if emb else None) for cfg in todo]
@@ -173,7 +177,6 @@ def run_slurm(protocol, args, wanted=wanted_runs, save=save_protocol, finish=rep
     if reason:
         raise OSError(f"--submit: {reason}; on this machine: scripts/slurm-single-node.sh start")
     out = Path(args.out)
-    slurm.queued(out)                                            # squeue answers
     first = wanted(protocol, out, None, "paraphrase_R@1")[0]
     vocab_size = prepare(first)["tokenizer"].vocab_size          # the captions, checked
     emb = load_image_embeddings(args)
