@@ -20,7 +20,8 @@ from minialign.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_SLURM = slurm.available()
-START_HINT = "start one with: scripts/slurm-single-node.sh install && scripts/slurm-single-node.sh start"
+START_HINT = ("start one with: scripts/slurm-single-node.sh install && "
+              "scripts/slurm-single-node.sh start")
 
 
 # ---------------------------------------------------------------- the array itself

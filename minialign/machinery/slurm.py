@@ -39,7 +39,8 @@ def command_line(argvs):
 
 def arrays(out):
     """The numbers N of OUT/slurm/array-N.sh, ascending."""
-    numbers = [p.name[len("array-"):-len(".sh")] for p in (Path(out) / SLURM_DIR).glob("array-*.sh")]
+    scripts = (Path(out) / SLURM_DIR).glob("array-*.sh")
+    numbers = [p.name[len("array-"):-len(".sh")] for p in scripts]
     return sorted(int(n) for n in numbers if n.isdigit())
 
 

@@ -31,7 +31,7 @@ from ..train import TrainConfig, prepare
 from . import report, slurm
 from .files import DirLock, atomic_write_json
 from .flags import LOSS_FIELDS, MODEL_FIELDS, TRAIN_FLAGS, add_config_flags, config_from_args
-from .jobs import run_memory_mb
+from .jobs import log_tail, run_memory_mb
 from .machine import describe
 from .protocol import run_name, save_protocol
 from .replicate import load_image_embeddings, needs_evaluation, wanted_runs
@@ -45,8 +45,9 @@ def add_slurm_args(p):
     """The --slurm options of a command that runs a grid (replicate; scaling)."""
     g = p.add_argument_group("Slurm: hand the runs to a cluster's scheduler instead")
     g.add_argument("--slurm", action="store_true",
-                   help="write OUT/slurm/array-N.sh (one array task per run not finished and "
-                        "not already queued) and its manifest, print the sbatch line")
+                   help="write OUT/slurm/array-N.sh (one array task on --threads cores, "
+                        "default 1, per run not finished and not already queued) and its "
+                        "manifest, print the sbatch line")
     g.add_argument("--submit", action="store_true", help="with --slurm: also sbatch it")
     g.add_argument("--wait", action="store_true",
                    help="with --slurm: submit, wait for the array, submit what the lr search "
@@ -125,7 +126,9 @@ def missing_runs(wanted, out, emb, held):
     todo, seen = [], set(held)
     for cfg in wanted:
         run_dir = Path(out) / "runs" / run_name(cfg)
-        if run_dir.name not in seen and (not is_finished(run_dir) or needs_evaluation(run_dir, emb)):
+        if run_dir.name in seen:
+            continue
+        if not is_finished(run_dir) or needs_evaluation(run_dir, emb):
             todo.append(cfg)
         seen.add(run_dir.name)
     return todo
@@ -186,8 +189,9 @@ def run_slurm(protocol, args, wanted=wanted_runs, save=save_protocol, finish=rep
     with DirLock(out):
         (out / "runs").mkdir(exist_ok=True)
         save(out, protocol)
-        atomic_write_json(out / "environment.json", {**describe(), "jobs": "slurm",
-                                                     "threads_per_run": args.threads or 1})
+        threads = args.threads or DEFAULT_THREADS   # describe(): the machine that submits
+        atomic_write_json(out / "environment.json",
+                          {**describe(), "jobs": "slurm", "threads_per_run": threads})
         while True:
             job_id, tasks, held = hand_over(protocol, args, emb, vocab_size, wanted)
             if not args.wait or not (job_id or held):
@@ -197,11 +201,11 @@ def run_slurm(protocol, args, wanted=wanted_runs, save=save_protocol, finish=rep
             failed = [name for name in tasks if not is_finished(out / "runs" / name)
                       or needs_evaluation(out / "runs" / name, emb)]
             if failed:
-                logs = out / slurm.SLURM_DIR / "logs"
+                log = out / slurm.SLURM_DIR / "logs" / f"{job_id}_{tasks[failed[0]]}.log"
                 raise OSError(f"Slurm job {job_id} ended without finishing "
-                              f"{', '.join(failed)}: see {logs}/{job_id}_"
-                              f"{tasks[failed[0]]}.log; rerun to resubmit them")
+                              f"{', '.join(failed)}: {log_tail(log) or 'no output'} (all of "
+                              f"it: {log}); rerun to resubmit them")
     if tasks or held:
         return None
-    print(f"[slurm] nothing missing: every run of the protocol has finished", flush=True)
+    print("[slurm] nothing missing: every run of the protocol has finished", flush=True)
     return finish(out)
