@@ -190,6 +190,7 @@ def grid_argv(world, out, *extra):
     (["--submit"], "--submit needs --slurm"),
     (["--slurm", "--jobs", "2"], "--jobs runs the grid here"),
     (["--slurm", "--dry-run"], "--dry-run times the grid here"),
+    (["--slurm", "--sbatch-option", "time=1:00:00"], "--sbatch-option 'time=1:00:00': must be"),
     (["--slurm", "--submit"], "--submit: no Slurm in this test; on this machine: "),
     (["--slurm", "--captions", "missing.json"], "missing.json"),
 ])

@@ -52,7 +52,7 @@ def add_slurm_args(p):
     g.add_argument("--wait", action="store_true",
                    help="with --slurm: submit, wait for the array, submit what the lr search "
                         "adds, until the protocol is complete; then write the report")
-    g.add_argument("--sbatch-option", action="append", default=[], metavar="OPTION",
+    g.add_argument("--sbatch-option", action="append", default=None, metavar="OPTION",
                    help="with --slurm: one more #SBATCH line, repeatable, e.g. "
                         "--sbatch-option=--time=04:00:00 --sbatch-option=--partition=short")
 
@@ -65,12 +65,16 @@ def check_slurm_args(args):
         if given:
             raise ValueError(f"{given[0]} needs --slurm")
         return
-    if args.jobs is not None:
+    if getattr(args, "jobs", None) is not None:
         raise ValueError("--jobs runs the grid here; with --slurm each run is one Slurm array "
                          "task: drop --jobs (--threads sets each task's cores)")
-    if args.dry_run:
+    if getattr(args, "dry_run", False):
         raise ValueError("--dry-run times the grid here; --slurm without --submit already "
                          "writes the array without running anything")
+    bad = [o for o in args.sbatch_option or () if not o.startswith("-") or "\n" in o]
+    if bad:
+        raise ValueError(f"--sbatch-option {bad[0]!r}: must be one sbatch option on one line, "
+                         f"e.g. --sbatch-option=--time=04:00:00")
 
 
 def flag_value(value):
@@ -154,7 +158,7 @@ def hand_over(protocol, args, emb, vocab_size, wanted=wanted_runs):
         return None, {}, held
     mem_mb = math.ceil(max(run_memory_mb(cfg, vocab_size) for cfg in todo))
     script = slurm.write_array(out, tasks, threads, mem_mb, f"minialign-{out.name}",
-                               args.sbatch_option)
+                               args.sbatch_option or ())
     print(f"[slurm] wrote {script} and {slurm.manifest_of(script).name}: {len(tasks)} "
           f"run(s), {threads} core(s) and {mem_mb} MB each:\n  "
           + "\n  ".join(name for name, _ in tasks), flush=True)
