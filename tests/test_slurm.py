@@ -15,6 +15,7 @@ import pytest
 
 from minialign import train
 from minialign.machinery import cli, slurm, slurm_runs, synthetic
+from minialign.machinery.flags import TRAIN_FLAGS
 from minialign.machinery.protocol import Protocol, run_name
 from minialign.model import ModelConfig
 
@@ -149,6 +150,10 @@ def test_a_rerun_lists_only_missing_runs_and_the_searchs_extension(tmp_path, mon
     finish(tmp_path, "good_views-lr1.00e-03-seed1", 0.3)
     assert slurm_runs.hand_over(protocol, args, None, vocab_size=50) == (None, {}, {})
     assert slurm.arrays(tmp_path) == [1, 2, 3, 4]              # nothing missing: no new array
+
+
+def test_every_flag_a_task_passes_is_one_train_accepts():
+    assert set(cli.TRAIN_FIELDS) == set(TRAIN_FLAGS)
 
 
 def test_a_config_train_flags_cannot_give_is_refused():

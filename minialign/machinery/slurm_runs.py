@@ -29,13 +29,13 @@ from pathlib import Path
 
 from ..train import TrainConfig, prepare
 from . import report, slurm
+from .embeddings import sha256_file
 from .files import DirLock, atomic_write_json
 from .flags import LOSS_FIELDS, MODEL_FIELDS, TRAIN_FLAGS, add_config_flags, config_from_args
 from .jobs import log_tail, run_memory_mb
 from .machine import describe
 from .protocol import run_name, save_protocol
 from .replicate import load_image_embeddings, needs_evaluation, wanted_runs
-from .embeddings import sha256_file
 from .rundir import is_finished
 
 DEFAULT_THREADS = 1   # cores per task when --threads is not given
