@@ -233,12 +233,15 @@ def test_real_slurm_grid_gives_the_report_of_jobs_2(world, tmp_path):
     run_cli(grid_argv(world, local, "--jobs", "2", "--no-estimate"))
     said = run_cli(grid_argv(world, out, "--slurm", "--submit", "--sbatch-option=--hold"))
     job = said.split("submitted job ")[1].split()[0]
-    runs = [f"{o}-lr1.00e-03-seed{s}" for s in (0, 1) for o in ("good_views", "next_token")]
-    assert sorted(slurm.queued(out)) == sorted(runs)             # held: pending in Slurm
-    again = run_cli(grid_argv(world, out, "--slurm", "--submit"))  # a rerun: nothing missing
-    assert "4 run(s) queued or running in Slurm already" in again and slurm.arrays(out) == [1]
-    subprocess.run(["scontrol", "release", job], check=True)
-    run_cli(grid_argv(world, out, "--slurm", "--wait"))          # waits, then the report
+    try:
+        runs = [f"{o}-lr1.00e-03-seed{s}" for s in (0, 1) for o in ("good_views", "next_token")]
+        assert sorted(slurm.queued(out)) == sorted(runs)         # held: pending in Slurm
+        again = run_cli(grid_argv(world, out, "--slurm", "--submit"))  # a rerun: nothing new
+        assert "4 run(s) queued or running in Slurm already" in again and slurm.arrays(out) == [1]
+        subprocess.run(["scontrol", "release", job], check=True)
+        run_cli(grid_argv(world, out, "--slurm", "--wait"))      # waits, then the report
+    finally:
+        subprocess.run(["scancel", job])                         # nothing left held on failure
     assert numbers(out) == numbers(local)
     for name in runs:
         assert (json.loads((out / "runs" / name / "config.json").read_text())
