@@ -116,7 +116,8 @@ def available():
         return "Slurm is not installed (no sbatch on the PATH)"
     ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
     if "UP" not in ping.stdout:
-        return f"the Slurm controller does not answer (scontrol ping: {ping.stdout.strip()})"
+        said = (ping.stdout.strip() or ping.stderr.strip() or "no answer").splitlines()[0]
+        return f"the Slurm controller does not answer (scontrol ping: {said})"
     return None
 
 
