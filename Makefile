@@ -40,10 +40,13 @@ $(EMBEDDINGS): | $(SUBSET)
 $(SUBSET):
 	$(PY) -m minialign data
 
-train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1
+# RESUME=1 continues an interrupted run from its last checkpoint; FORCE=1 starts RUN over.
+RESUME     ?=
+FORCE      ?=
+train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME=1 | FORCE=1]
 	$(CHECK_CAPTIONS)
 	$(PY) -m minialign train --objective $(OBJECTIVE) --captions $(CAPTIONS) \
-	    --steps $(STEPS) --seed $(SEED) --out $(RUN)
+	    --steps $(STEPS) --seed $(SEED) --out $(RUN) $(if $(RESUME),--resume) $(if $(FORCE),--force)
 
 bench:
 	$(PY) -m minialign bench
