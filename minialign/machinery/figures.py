@@ -150,6 +150,8 @@ def fig_alignment(results, path):
                 continue
             draw.rectangle([x0, px(j, row["mean"])[1], x1, base], fill=COLOURS.get(obj, GREY))
             label_y = px(j, max(row["values"] + [row["mean"]]))[1] - 16
+            if untrained[j] is not None and -10 < label_y - px(j, untrained[j])[1] < 40:
+                label_y = px(j, untrained[j])[1] - 10       # above the untrained segment
             draw.text(((x0 + x1) / 2, label_y), f"{row['mean']:.3f}", font=font(28), fill=INK,
                       anchor="mb")
             for s, v in enumerate(row["values"]):
@@ -160,9 +162,6 @@ def fig_alignment(results, path):
         for j, level in enumerate(untrained):            # the level each bar started from
             if level is not None:
                 dashed(draw, px(j - 0.36, level), px(j + 0.36, level), width=5, fill=INK)
-        if untrained[-1] is not None:
-            draw.text(px(len(objs) - 0.5, untrained[-1]), "untrained", font=font(22),
-                      fill=INK, anchor="rb")
         if chance is not None:
             hline(draw, px, -0.5, len(objs) - 0.5, chance, "chance", where="rb")
         if ceiling is not None:
@@ -238,6 +237,7 @@ def faster_marks(draw, px, speed, steps):
         return
     hline(draw, px, 0, steps, target["mean"], f"next_token final {target['mean']:.3f}", INK,
           where="lt")
+    stacked = {}                              # marks at one step go one above the other
     for obj, row in speed.items():
         reached = row["steps_to_target"]
         if obj == "next_token" or reached is None:
@@ -245,6 +245,8 @@ def faster_marks(draw, px, speed, steps):
         x, y = px(reached["mean"], target["mean"])
         colour = COLOURS.get(obj, GREY)
         dashed(draw, (x, y), px(reached["mean"], 0), width=3, fill=colour)
+        stacked[round(x)] = stacked.get(round(x), -1) + 1
+        y -= 62 * stacked[round(x)]
         draw.polygon([(x - 16, y - 30), (x + 16, y - 30), (x, y - 4)], fill=colour, outline=INK)
         late = f" ({row['not_reached']} never)" if row["not_reached"] else ""
         draw.text((x, y - 36), f"{reached['mean']:.0f}{late}", font=font(24), fill=colour,

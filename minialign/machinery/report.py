@@ -19,8 +19,6 @@ metric (paraphrase R@1), saying so in their titles. Same runs -> same bytes of r
 import math
 from pathlib import Path
 
-import numpy as np
-
 from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
 from .protocol import load_protocol, lr_search, run_config, run_name, selection_score
@@ -232,16 +230,13 @@ def context_rows(results):
 
 def context_lines(results):
     """What the rows under chance mean (below the table)."""
-    lines = ["Untrained encoder: each seed's encoder at step 0 (the weights that seed's runs "
-             "start from), scored like the runs; what the architecture gives before training."]
-    if not results["untrained"]:
-        lines = ["Untrained encoder: not scored (the captions file "
-                 f"`{results['protocol']['base']['captions']}` is not at hand)."]
-    if results["ceiling"] is not None:
-        lines[0] += (" World ceiling: mutual-kNN@10 between the synthetic world's scene factors "
-                     "and its image embeddings on the test photos, what an encoder that "
-                     "recovered every scene exactly would score.")
-    return lines
+    line = ("Untrained encoder: each seed's encoder at step 0 (the weights its runs start from), "
+            "scored like the runs: what the architecture gives before training." if
+            results["untrained"] else f"Untrained encoder: not scored (the captions file "
+            f"`{results['protocol']['base']['captions']}` is not at hand).")
+    return [line + (" World ceiling: mutual-kNN@10 between the synthetic world's scene factors "
+                    "and its image embeddings on the test photos, what an encoder that recovered "
+                    "every scene exactly would score." if results["ceiling"] is not None else "")]
 
 
 def difference_lines(results):
