@@ -70,11 +70,14 @@ def compare_rows(all_results, keys):
 
 
 def steps_cell(results, obj):
-    """'mean ± std' steps to next_token's final val value, or '-'."""
-    row = results["speed"].get(obj, {}).get("steps_to_target")
+    """'mean ± std' steps to next_token's final val value, '(n never)' for the seeds that do
+    not get there, or '-'."""
+    speed = results["speed"].get(obj, {})
+    row, never = speed.get("steps_to_target"), speed.get("not_reached")
+    late = f" ({never} never)" if never else ""
     if row is None:
-        return "-"
-    return f"{row['mean']:.0f}" + (f" ± {row['std']:.0f}" if row["std"] is not None else "")
+        return "-" + late
+    return f"{row['mean']:.0f}" + (f" ± {row['std']:.0f}" if row["std"] is not None else "") + late
 
 
 def format_compare(dirs, all_results):
