@@ -12,7 +12,7 @@ STEPS      ?= 3000
 SEED       ?= 0
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
 
-.PHONY: install install-export test data embeddings train bench bench-torch demo replicate replicate-quick \
+.PHONY: install install-export test data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
         eta eta-quick report
 
 install:            ## numpy, pillow, tqdm + pytest
@@ -58,10 +58,14 @@ bench-torch:        ## minialign vs PyTorch eager on the same batch, A B A B (ne
 # ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
 # progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick, 20 in demo).
-RESULTS    ?= results/coco
-QUICK      ?= results/coco-quick
-DEMO       ?= results/synthetic
-DEMO_WORLD ?= $(DEMO)/world
+# ANTICOLLAPSE=sigreg: every objective with LeJEPA's SIGReg in place of VICReg's variance +
+# covariance (--anticollapse), into its own results directory (the name ends in -sigreg).
+ANTICOLLAPSE ?= vicreg
+AC_SUFFIX   = $(if $(filter sigreg,$(ANTICOLLAPSE)),-sigreg)
+RESULTS    ?= results/coco$(AC_SUFFIX)
+QUICK      ?= results/coco-quick$(AC_SUFFIX)
+DEMO       ?= results/synthetic$(AC_SUFFIX)
+DEMO_WORLD ?= results/synthetic/world
 
 # JOBS=N: runs at once, each in its own process on cores/N BLAS threads (empty: one per core,
 # as many as fit in memory). `make replicate` prints how long it will take first (a ~1 min
@@ -69,7 +73,7 @@ DEMO_WORLD ?= $(DEMO)/world
 JOBS       ?=
 JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS))
 REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
-	--out $(RESULTS) $(JOBS_FLAG)
+	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) $(JOBS_FLAG)
 
 replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-3 + per-objective lr search
 	$(CHECK_CAPTIONS)
@@ -92,7 +96,7 @@ CHECK_QUICK = @test -n "$(QUICK_CAPTIONS)" || { echo 'no captions file: none of 
 	`make data` creates one' >&2; exit 2; }
 QUICK_ARGS = --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
 	--image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
-	--warmup-steps 20 --eval-every 50 --lr-search off $(JOBS_FLAG)
+	--warmup-steps 20 --eval-every 50 --lr-search off --anticollapse $(ANTICOLLAPSE) $(JOBS_FLAG)
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
 	$(CHECK_QUICK)
 	$(PY) -m minialign replicate $(QUICK_ARGS) --no-estimate
@@ -108,7 +112,11 @@ demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr se
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
 	    --steps 100 --batch-photos 64 --warmup-steps 10 --eval-every 20 --lr 3.16e-3 \
-	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4
+	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4 \
+	    --anticollapse $(ANTICOLLAPSE)
+
+demo-compare:       ## after `make demo` and `make demo ANTICOLLAPSE=sigreg`: VICReg vs SIGReg side by side
+	$(PY) -m minialign report results/synthetic results/synthetic-sigreg
 
 $(DEMO_WORLD)/captions_synthetic.json:
 	$(PY) -m minialign synthetic --out $(DEMO_WORLD)

@@ -37,6 +37,9 @@ from .tokenizer import MASK, PAD, SPECIALS
 
 
 ANTICOLLAPSE = ("vicreg", "sigreg")  # ObjectiveConfig.anticollapse (flags.py lists them too)
+# next_token's stats key for its weighted anti-collapse term, named after the regulariser;
+# "sigreg" itself already holds SIGReg's unweighted statistic (losses.sigreg_loss's stats)
+ANTICOLLAPSE_KEY = {"vicreg": "vicreg", "sigreg": "sigreg_loss"}
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ def next_token(params, batch, cfg, rng):
     dhf[has_target] = dh_real                                             # <- no gradient
     grads = encode_backward(np.concatenate([dz_a, dz_b]), dhf, cache)  # <-
     grads["tok_emb"] += dtok_emb                                          # <- the head is tied
-    stats.update(ce_stats, loss=loss + ce_loss, vicreg=loss)             # <-
+    stats.update(ce_stats, loss=loss + ce_loss)                           # <-
+    stats[ANTICOLLAPSE_KEY[cfg.loss.anticollapse]] = loss                 # <- its weighted term
     return loss + ce_loss, grads, stats                                   # <-
 
 

@@ -198,3 +198,21 @@ def test_default_model_size():
     body = 4 * (256 * 768 + 768 + 256 * 256 + 256 + 256 * 1024 + 1024 + 1024 * 256 + 256 + 4 * 256)
     assert param_count(params) == 5814 * 256 + 64 * 256 + body + 2 * 256
     assert params["tok_emb"].dtype == np.float32
+
+
+@pytest.mark.parametrize("anticollapse, key", [("vicreg", "vicreg"), ("sigreg", "sigreg_loss")])
+def test_next_token_names_its_anticollapse_term_after_the_regulariser(anticollapse, key):
+    """next_token's stats carry its weighted anti-collapse term under the regulariser's name
+    (never "vicreg" under SIGReg): total loss = that term + cross-entropy."""
+    cfg = Config(loss=ObjectiveConfig(anticollapse=anticollapse, sigreg_directions=6,
+                                      anticollapse_weight=0.5))
+    params, batch = tiny_params(np.random.default_rng(3)), tiny_batch()
+    loss, _, stats = OBJECTIVES["next_token"](params, batch, cfg, np.random.default_rng(1))
+    other = {"vicreg", "sigreg_loss"} - {key}
+    assert key in stats and not other & set(stats)
+    assert stats[key] + stats["ce"] == pytest.approx(loss, rel=1e-14)
+    if anticollapse == "vicreg":          # 0.5 x (var_weight x var + cov_weight x cov)
+        assert stats[key] == pytest.approx(0.5 * (25.0 * stats["var"] + stats["cov"]), rel=1e-12)
+    else:                                 # 0.5 x sigreg_weight x the statistic
+        assert stats[key] == pytest.approx(0.5 * cfg.loss.sigreg_weight * stats["sigreg"],
+                                           rel=1e-12)

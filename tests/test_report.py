@@ -5,10 +5,12 @@ without extensions) on a 300-scene SYNTHETIC world is trained text-only, as with
 IMAGE_EVAL=off; the image columns are filled in later by evaluate, without retraining.
 """
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -159,3 +161,147 @@ def test_speed_table_follows_the_saved_curves(text_only):
     # next_token reaches its own final value by its last evaluation at the latest
     assert results["speed"]["next_token"]["not_reached"] == 0
     assert "steps to reach next_token's final value" in report.format_markdown(results)
+
+
+# ---------------------------------------------------------------- context rows, side by side
+@pytest.fixture(scope="module")
+def evaluated(text_only, tmp_path_factory):
+    """A copy of the text-only grid with every run scored against the world's embeddings."""
+    out = Path(shutil.copytree(text_only["out"], tmp_path_factory.mktemp("ctx") / "grid"))
+    emb = load_embeddings(text_only["embeddings"])
+    for run in sorted((out / "runs").iterdir()):
+        evaluate.evaluate_run(run, emb)
+    return out
+
+
+def table_rows(md):
+    """The main table's body rows, in order."""
+    lines = md.splitlines()
+    first = lines.index("|---|---:|---|---:|---:|---|---:|---:|") + 1
+    return lines[first:lines.index("", first)]
+
+
+def test_context_rows_chance_untrained_ceiling(evaluated, text_only, tmp_path):
+    out = Path(shutil.copytree(evaluated, tmp_path / "grid"))
+    results = report.build_report(out)
+    saved = json.loads((out / "baselines.json").read_text())
+    captions = results["protocol"]["base"]["captions"]
+    assert results["ceiling"] == synthetic.world_ceiling_of_files(
+        captions, text_only["embeddings"], split_seed=results["protocol"]["base"]["split_seed"])
+    rows = table_rows((out / "results.md").read_text())
+    chance = results["chance"]
+    assert rows[0] == (f"| chance | {chance['mutual_knn']:.3f} | | | {chance['R@1']:.3f} | | | "
+                       f"{chance['paraphrase_R@1']:.3f} |")
+    for row, (kind, objectives) in zip(rows[1:3], [("bidirectional", "good_views"),
+                                                   ("causal", "next_token")]):
+        tests = saved["untrained"][kind]["test"]                  # seeds 0, 1
+        cells = []
+        for key in ("mutual_knn", "R@1"):
+            v = [t[key] for t in tests]
+            cells += [f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}", f"{v[0]:.3f}, {v[1]:.3f}"]
+        para = [t["paraphrase_R@1"] for t in tests]
+        assert row == (f"| untrained encoder, {kind} ({objectives}) | {cells[0]} | {cells[1]} | "
+                       f"| {cells[2]} | {cells[3]} | | {np.mean(para):.3f} ± "
+                       f"{np.std(para, ddof=1):.3f} |")
+    assert rows[3] == f"| world ceiling (scene factors vs images) | {results['ceiling']:.3f} | " \
+                      f"| | - | | | - |"
+    assert rows[4].startswith("| good_views |") and rows[5].startswith("| next_token |")
+    first = outputs(out)                      # baselines.json recomputed: the same bytes again
+    (out / "baselines.json").unlink()
+    report.build_report(out)
+    assert outputs(out) == first and json.loads((out / "baselines.json").read_text()) == saved
+
+
+def test_untrained_row_is_init_params_scored_by_hand(evaluated, text_only):
+    """Seed 1's untrained scores = its init_params (train.run's first stream) encoding the test
+    captions (float16, as runs save them), scored with metrics.py directly."""
+    from minialign.machinery.monitor import prepare
+    from minialign.machinery.protocol import load_protocol, run_config
+    from minialign.metrics import fit_procrustes, mutual_knn, paraphrase_r_at_1, rotated_recall
+    from minialign.model import encode, init_params
+    report.collect(evaluated)
+    saved = json.loads((evaluated / "baselines.json").read_text())["untrained"]
+    cfg = run_config(load_protocol(evaluated), "good_views", 1)
+    data = prepare(cfg)
+    model = dataclasses.replace(cfg.model, vocab_size=data["tokenizer"].vocab_size)
+    params = init_params(model, np.random.default_rng(np.random.SeedSequence(1).spawn(3)[0]))
+    emb = load_embeddings(text_only["embeddings"])
+    image_of = dict(zip(emb.image_ids.tolist(), emb.embeddings))
+
+    def slot(split, s, causal):                       # (ids, z) of caption s, ids ascending
+        t = data["tables"][split]
+        assert (t.counts == 5).all()                  # every synthetic scene has 5 captions
+        rows = t.offsets + s
+        z, _, _ = encode(params, t.tokens[rows, :t.lengths[rows].max()], model, causal=causal)
+        ids = data["captions"].image_ids[t.photo_idx]
+        order = np.argsort(ids, kind="stable")
+        return ids[order], z.astype(np.float16).astype(np.float32)[order]
+
+    for attention, causal in (("bidirectional", False), ("causal", True)):
+        test = [slot("test", s, causal) for s in range(5)]
+        img = np.stack([image_of[i] for i in test[0][0].tolist()])
+        train_ids, train_z = slot("train", 0, causal)
+        rotation = fit_procrustes(train_z, np.stack([image_of[i] for i in train_ids.tolist()]))
+        got = saved[attention]["test"][1]
+        assert got["paraphrase_R@1"] == pytest.approx(paraphrase_r_at_1(test[0][1], test[1][1]),
+                                                      abs=1e-12)
+        assert got["mutual_knn"] == pytest.approx(np.mean([mutual_knn(z, img) for _, z in test]),
+                                                  abs=1e-12)
+        assert got["R@1"] == pytest.approx(
+            np.mean([rotated_recall(rotation, z, img)["R@1"] for _, z in test]), abs=1e-12)
+
+
+def test_untrained_row_without_image_embeddings(text_only, tmp_path):
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    results = report.build_report(out)
+    rows = table_rows((out / "results.md").read_text())
+    assert rows[1].startswith("| untrained encoder, bidirectional (good_views) | pending | "
+                              "pending | | pending | pending | |")
+    para = results["untrained"]["causal"]["paraphrase_R@1"]
+    assert rows[2].endswith(f"| {para['mean']:.3f} ± {para['std']:.3f} |")
+    assert results["ceiling"] is None and not any("world ceiling" in r for r in rows)
+
+
+def test_side_by_side_table_of_two_directories(evaluated, text_only, tmp_path, capsys):
+    a = Path(shutil.copytree(evaluated, tmp_path / "grid"))
+    b = Path(shutil.copytree(text_only["out"], tmp_path / "grid-sigreg"))
+    protocol = json.loads((b / "protocol.json").read_text())
+    protocol["base"]["loss"]["anticollapse"] = "sigreg"          # as if trained with SIGReg
+    (b / "protocol.json").write_text(json.dumps(protocol))
+    parser = argparse.ArgumentParser()
+    add_report_args(parser)
+    capsys.readouterr()
+    text = run_report(parser.parse_args([str(a), str(b)]))
+    assert capsys.readouterr().out == text + f"\nwrote {tmp_path / 'compare_grid_grid-sigreg.md'}\n"
+    assert (tmp_path / "compare_grid_grid-sigreg.md").read_text() == text
+    ra, rb = report.collect(a), report.collect(b)
+    lines = text.splitlines()
+    assert "The protocols differ in the anti-collapse term only." in lines
+    assert ("| | mutual-kNN@10, vicreg | mutual-kNN@10, sigreg | R@1, vicreg | R@1, sigreg | "
+            "paraphrase R@1 (text only), vicreg | paraphrase R@1 (text only), sigreg |") in lines
+    mean_std = lambda s: f"{s['mean']:.3f} ± {s['std']:.3f}"
+    ga, gb = ra["objectives"]["good_views"], rb["objectives"]["good_views"]
+    assert (f"| good_views | {mean_std(ga['mutual_knn'])} | pending | {mean_std(ga['R@1'])} | "
+            f"pending | {mean_std(ga['paraphrase_R@1'])} | {mean_std(gb['paraphrase_R@1'])} |"
+            ) in lines
+    assert f"| chance | {ra['chance']['mutual_knn']:.3f} | pending |" in text
+    assert f"| world ceiling (scene factors vs images) | {ra['ceiling']:.3f} | - | - | - |" in text
+    ua = ra["untrained"]["causal"]["R@1"]
+    assert f"| untrained encoder, causal (next_token) | {mean_std(ra['untrained']['causal']['mutual_knn'])} | pending | {mean_std(ua)} |" in text
+    with pytest.raises(ValueError, match="only for a side-by-side table"):
+        run_report(parser.parse_args([str(a), "--out", str(tmp_path / "x.md")]))
+
+
+def test_replicate_refuses_to_mix_regularisers_in_one_directory(text_only, tmp_path, capsys):
+    from minialign.__main__ import main
+    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
+    captions = json.loads((out / "protocol.json").read_text())["base"]["captions"]
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["replicate", "--captions", captions, "--out", str(out), "--image-eval", "off",
+                 "--anticollapse", "sigreg", "--no-estimate"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"minialign replicate: error: {out}: holds runs trained with --anticollapse vicreg; "
+        f"--anticollapse sigreg needs its own results directory, e.g. --out {out}-sigreg "
+        f"(`make ... ANTICOLLAPSE=sigreg` uses one)"]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

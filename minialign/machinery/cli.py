@@ -12,12 +12,12 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import bench, coco, evaluate, export, replicate, report, slurm_runs, synthetic
+from . import bench, coco, compare, evaluate, export, replicate, report, slurm_runs, synthetic
 from .machine import use_cores
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
-                       Protocol)
+                       Protocol, holds_runs, load_protocol)
 from .rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
@@ -132,8 +132,21 @@ def protocol_from_args(args):
 
 def run_replicate(args):
     slurm_runs.check_slurm_args(args)
+    protocol = protocol_from_args(args)
+    check_anticollapse(args.out, protocol)
     run = slurm_runs.run_slurm if args.slurm else replicate.run_replicate
-    return run(protocol_from_args(args), args)
+    return run(protocol, args)
+
+
+def check_anticollapse(out, protocol):
+    """One results directory, one anti-collapse term: ValueError (one line) if `out` holds runs
+    made under another --anticollapse, before anything is read or timed."""
+    if (Path(out) / "protocol.json").is_file() and holds_runs(out):
+        old, new = load_protocol(out).base.loss.anticollapse, protocol.base.loss.anticollapse
+        if old != new:
+            raise ValueError(f"{out}: holds runs trained with --anticollapse {old}; --anticollapse "
+                             f"{new} needs its own results directory, e.g. --out {out}-{new} "
+                             f"(`make ... ANTICOLLAPSE={new}` uses one)")
 
 
 def add_bench_args(p):
@@ -180,11 +193,20 @@ def run_evaluate(args):
 
 
 def add_report_args(p):
-    p.add_argument("results_dir", help="a directory written by `python -m minialign replicate`")
+    p.add_argument("results_dir", nargs="+", help="a directory written by `python -m minialign "
+                   "replicate`; two or more: a side-by-side table of them (e.g. --anticollapse "
+                   "vicreg and sigreg), printed and written to --out")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="with two or more directories: where the side-by-side table goes "
+                        "(default: compare_<A>_<B>.md beside the first directory)")
 
 
 def run_report(args):
-    return report.run_report(Path(args.results_dir))
+    if len(args.results_dir) > 1:
+        return compare.run_compare(args.results_dir, args.out)
+    if args.out is not None:
+        raise ValueError("--out: only for a side-by-side table of two or more directories")
+    return report.run_report(Path(args.results_dir[0]))
 
 
 def add_synthetic_args(p):
@@ -259,7 +281,8 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
                  add_evaluate_args, run_evaluate),
     "replicate": ("the replication grid: objectives x seeds, lr search, results table",
                   add_replicate_args, run_replicate),
-    "report": ("rebuild results.md and the figures from saved runs", add_report_args,
+    "report": ("rebuild results.md and the figures from saved runs; several directories: "
+               "side by side", add_report_args,
                run_report),
     "export": ("one-time: COCO images -> frozen DINOv2 embeddings (.npz); needs the [export] "
                "extra", add_export_args, run_export),

@@ -1,8 +1,12 @@
 """The report's three figures, drawn with Pillow from the results dict (report.collect).
 
     fig_alignment.png   test metrics per objective: bar at the seed mean, a dot per seed, the
-                        chance line, the published value as a black bar (comparable runs only)
-    fig_curves.png      val metric against training step, seed mean with the seed range shaded
+                        chance line, the untrained encoder's level across each bar, the
+                        synthetic world's ceiling, the published value as a black bar
+                        (comparable runs only)
+    fig_curves.png      val metric against training step, seed mean with the seed range shaded;
+                        next_token's final value dashed, and on it a marker at the mean step
+                        where each other objective first reaches it ("aligns faster")
     fig_lr_search.png   the lr search: final val metric against lr (log axis), chosen lr ringed
 Each figure reads only `results` (its "published", "chance", "metric", "runs", "lr_search", ...),
 so this module imports nothing from the rest of minialign but its atomic file writer.
@@ -20,6 +24,14 @@ FIG_SIZE = (1600, 900)                   # 16:9, a projector slide
 COLOURS = {"good_views": (0, 114, 178), "bad_views": (230, 159, 0),   # Okabe & Ito 2008,
            "next_token": (0, 158, 115)}                               # colour-blind safe
 GREY, INK = (150, 150, 150), (20, 20, 20)
+CEILING = (170, 40, 40)                  # the world's ceiling line
+
+
+def untrained_level(results, objective, key):
+    """The seed mean of the untrained encoder `objective` starts from (its attention), or None."""
+    row = next((u for u in results.get("untrained", {}).values()
+                if objective in u["objectives"]), None)
+    return row[key]["mean"] if row and row.get(key) else None
 
 
 # ---------------------------------------------------------------- drawing helpers
@@ -67,21 +79,24 @@ def axes(draw, box, x_range, y_range, xlog=False):
     return px
 
 
-def dashed(draw, a, b, width=3):
-    """Dashed grey segment from pixel a to pixel b (horizontal or vertical)."""
+def dashed(draw, a, b, width=3, fill=GREY):
+    """Dashed segment from pixel a to pixel b (horizontal or vertical), grey by default."""
     n = max(1, int(math.dist(a, b) // 24))
     for i in range(n):
         s, e = i / n, min(1.0, (i + 0.6) / n)
         draw.line([(a[0] + s * (b[0] - a[0]), a[1] + s * (b[1] - a[1])),
-                   (a[0] + e * (b[0] - a[0]), a[1] + e * (b[1] - a[1]))], fill=GREY, width=width)
+                   (a[0] + e * (b[0] - a[0]), a[1] + e * (b[1] - a[1]))], fill=fill, width=width)
 
 
-def hline(draw, px, x0, x1, y, label=None):
-    """Dashed horizontal line (a chance level), labelled just above its left end."""
+def hline(draw, px, x0, x1, y, label=None, fill=GREY, where="lb"):
+    """Dashed horizontal line (a chance level), labelled at its left end: just above it
+    (where="lb"), just below it ("lt"), or above its right end ("rb")."""
     a, b = px(x0, y), px(x1, y)
-    dashed(draw, a, b)
+    dashed(draw, a, b, fill=fill)
     if label:
-        draw.text((a[0] + 10, a[1] - 6), label, font=font(24), fill=(90, 90, 90), anchor="lb")
+        x = b[0] - 10 if where[0] == "r" else a[0] + 10
+        draw.text((x, a[1] + (6 if where[1] == "t" else -6)), label, font=font(24),
+                  fill=fill if fill != GREY else (90, 90, 90), anchor=where)
 
 
 def dot(draw, xy, r, fill, outline=INK):
@@ -118,7 +133,10 @@ def fig_alignment(results, path):
     for i, key in enumerate(metrics):
         box = (120 + i * width, 140, 120 + (i + 1) * width - 100, 760)
         rows = [results["objectives"][o][key] for o in objs]
-        top = max([v for r in rows if r for v in r["values"]] + [1e-3]
+        ceiling = results.get("ceiling") if key == "mutual_knn" else None
+        untrained = [untrained_level(results, o, key) for o in objs]
+        top = max([v for r in rows if r for v in r["values"]] + [1e-3, ceiling or 0]
+                  + [u for u in untrained if u is not None]
                   + [published.get(o, {}).get(key, 0) for o in objs if results["comparable"]])
         px = axes(draw, box, (-0.5, len(objs) - 0.5), (0, top * 1.15))
         chance = results["chance"].get(key)
@@ -132,6 +150,8 @@ def fig_alignment(results, path):
                 continue
             draw.rectangle([x0, px(j, row["mean"])[1], x1, base], fill=COLOURS.get(obj, GREY))
             label_y = px(j, max(row["values"] + [row["mean"]]))[1] - 16
+            if untrained[j] is not None and -10 < label_y - px(j, untrained[j])[1] < 40:
+                label_y = px(j, untrained[j])[1] - 10       # above the untrained segment
             draw.text(((x0 + x1) / 2, label_y), f"{row['mean']:.3f}", font=font(28), fill=INK,
                       anchor="mb")
             for s, v in enumerate(row["values"]):
@@ -139,11 +159,19 @@ def fig_alignment(results, path):
             if results["comparable"] and key in published.get(obj, {}):
                 y = px(j, published[obj][key])[1]
                 draw.line([(x0 - 10, y), (x1 + 10, y)], fill=INK, width=5)
+        for j, level in enumerate(untrained):            # the level each bar started from
+            if level is not None:
+                dashed(draw, px(j - 0.36, level), px(j + 0.36, level), width=5, fill=INK)
         if chance is not None:
-            hline(draw, px, -0.5, len(objs) - 0.5, chance)
-    key = "bar: mean over seeds    ○ one seed    - - - chance"
+            hline(draw, px, -0.5, len(objs) - 0.5, chance, "chance", where="rb")
+        if ceiling is not None:
+            hline(draw, px, -0.5, len(objs) - 0.5, ceiling, f"world ceiling {ceiling:.3f}",
+                  CEILING)
+    key = "bar: mean over seeds   ○ one seed   - - - chance   ▬ ▬ untrained encoder (step 0)"
+    if results.get("ceiling") is not None and "mutual_knn" in metrics:
+        key += "   - - - world ceiling"
     if results["comparable"]:
-        key += "    ▬ published (COCO replication)"
+        key += "   ▬ published (COCO replication)"
     draw.text((120, 850), key, font=font(28), fill=INK, anchor="lm")
     save_png(img, path)
 
@@ -167,6 +195,7 @@ def fig_curves(results, path):
         return
     top = max(v.max() for _, v in curves.values()) * 1.15 or 1.0
     box = (140, 120, 1540, 760)
+    speed = results.get("speed", {})
     px = axes(draw, box, (0, p["base"]["steps"]), (0, top))
     for t in nice_ticks(0, p["base"]["steps"], 6):
         draw.text((px(t, 0)[0], box[3] + 14), f"{t:g}", font=font(26), fill=INK, anchor="ma")
@@ -188,10 +217,40 @@ def fig_curves(results, path):
     if results["chance"].get(metric) is not None:
         hline(draw, px, 0, p["base"]["steps"], results["chance"][metric],
               f"chance {results['chance'][metric]:.3f}")
+    faster_marks(draw, px, speed, p["base"]["steps"])
     legend(draw, (140, 860), [(o, COLOURS.get(o, GREY)) for o in curves])
     draw.text((1540, 860), "line: mean over seeds   shade: seed min..max", font=font(28),
               fill=INK, anchor="rm")
+    if (results.get("speed", {}).get("next_token") or {}).get("target"):
+        draw.text((FIG_SIZE[0] // 2, 76), "- - - next_token's final value (seed mean);  ▼ the "
+                  "mean step where another objective first reaches it", font=font(24),
+                  fill=INK, anchor="ma")
     save_png(img, path)
+
+
+def faster_marks(draw, px, speed, steps):
+    """fig_curves' "aligns faster" marks (report's speed_summary): next_token's final val value
+    (mean over seeds) as a dashed line, and on it a ▼ at the mean step where each other
+    objective first reaches next_token's final at the same seed, with that step written."""
+    target = (speed.get("next_token") or {}).get("target")
+    if not target:
+        return
+    hline(draw, px, 0, steps, target["mean"], f"next_token final {target['mean']:.3f}", INK,
+          where="lt")
+    stacked = {}                              # marks at one step go one above the other
+    for obj, row in speed.items():
+        reached = row["steps_to_target"]
+        if obj == "next_token" or reached is None:
+            continue
+        x, y = px(reached["mean"], target["mean"])
+        colour = COLOURS.get(obj, GREY)
+        dashed(draw, (x, y), px(reached["mean"], 0), width=3, fill=colour)
+        stacked[round(x)] = stacked.get(round(x), -1) + 1
+        y -= 62 * stacked[round(x)]
+        draw.polygon([(x - 16, y - 30), (x + 16, y - 30), (x, y - 4)], fill=colour, outline=INK)
+        late = f" ({row['not_reached']} never)" if row["not_reached"] else ""
+        draw.text((x, y - 36), f"{reached['mean']:.0f}{late}", font=font(24), fill=colour,
+                  anchor="mb")
 
 
 def fig_lr_search(results, path):

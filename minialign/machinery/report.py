@@ -8,8 +8,10 @@ embeddings) and rewrites, in the same directory:
     results.json        every number below, and each run's test metrics and val curve
     results.md          one row per objective: test mutual-kNN@10 and R@1 (mean +/- std over
                         seeds, per-seed values, the replication's published numbers beside
-                        them), paraphrase R@1, the chance row, the lr-search rows; then the
-                        per-seed good_views - next_token difference, the search, the machine
+                        them), paraphrase R@1; the context rows: chance, the untrained encoder
+                        and the synthetic world's ceiling (baselines.py, kept in
+                        baselines.json); the lr-search rows; then the per-seed good_views -
+                        next_token difference, "aligns faster", the search, the machine
     fig_*.png           three figures of the same numbers, drawn by figures.py
 Without image alignment the image columns read "pending" and the figures use the text-side
 metric (paraphrase R@1), saying so in their titles. Same runs -> same bytes of results.md.
@@ -17,13 +19,12 @@ metric (paraphrase R@1), saying so in their titles. Same runs -> same bytes of r
 import math
 from pathlib import Path
 
-import numpy as np
-
 from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
 from .protocol import load_protocol, lr_search, run_config, run_name, selection_score
 from .rundir import is_diverged, read_metrics, read_run_config
-from .speed import speed_numbers
+from .baselines import load_baselines
+from .speed import mean_std, speed_summary
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "mutual_knn_lr_search": 0.328},
@@ -61,19 +62,11 @@ def run_numbers(run_dir):
         test = alignment["steps"][-1]["test"]
         out["test"].update({key: test[key]["mean"] for key in IMAGE_KEYS})
         out["embeddings_model"] = alignment["embeddings"]["model"]
+        out["embeddings_file"] = {k: alignment["embeddings"][k] for k in ("path", "sha256")}
         out["chance"].update({key: alignment["chance"]["test"][key] for key in IMAGE_KEYS})
         by_step = {e["step"]: e["val"]["mutual_knn"]["mean"] for e in alignment["steps"]}
         out["curve"]["mutual_knn"] = [by_step[s] for s in out["curve"]["step"]]
     return out
-
-
-def mean_std(values):
-    """{"mean", "std" (sample std, ddof 1; None for one value), "values"}; None if empty."""
-    if not values:
-        return None
-    return {"mean": float(np.mean(values)),
-            "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
-            "values": list(values)}
 
 
 def collect(out):
@@ -103,6 +96,10 @@ def collect(out):
                      if r and r["status"] == "finished"} for obj in ("good_views", "next_token")}
     shared = sorted(set(by_seed["good_views"]) & set(by_seed["next_token"]))
     diffs = [by_seed["good_views"][s] - by_seed["next_token"][s] for s in shared]
+    context = load_baselines(out, protocol, finished[0].get("embeddings_file") if image else None)
+    untrained = {kind: {"objectives": u["objectives"], "seeds": u["seeds"],
+                        **{key: mean_std([t[key] for t in u["test"] if key in t]) for key in keys}}
+                 for kind, u in (context["untrained"] or {}).items()}
     searches = {}
     for obj in protocol.objectives if protocol.lr_per_decade else ():
         def score_of(lr):
@@ -123,6 +120,7 @@ def collect(out):
             "evaluated_runs": sum("mutual_knn" in r["test"] for r in finished),
             "finished_runs": len(finished), "objectives": objectives, "seed_runs": seed_runs,
             "chance": finished[0]["chance"] if finished else {}, "published": PUBLISHED,
+            "untrained": untrained, "ceiling": context["ceiling"],
             "difference": {"metric": metric, "seeds": shared, "per_seed": diffs,
                            "good_views_higher": sum(d > 0 for d in diffs)},
             "lr_search": searches, "runs": runs, "speed": speed_summary(runs, seed_runs, metric),
@@ -130,29 +128,14 @@ def collect(out):
             "figures": list(FIGURES)}
 
 
-def speed_summary(runs, seed_runs, metric):
-    """Per objective, over its seeds (speed.py): steps to next_token's final val value at the
-    same seed ("not_reached" counts the seeds that never get there), to 50% / 90% of its own
-    final value, and the curve's mean (auc), each as mean_std; metric: the curves' key."""
-    finals = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
-              for n in seed_runs.get("next_token", []) if metric in runs[n]["curve"]}
-    summary = {}
-    for obj, names in seed_runs.items():
-        per_seed = [speed_numbers(runs[n]["curve"]["step"], runs[n]["curve"][metric],
-                                  finals.get(runs[n]["seed"]))
-                    for n in names if metric in runs[n]["curve"]]
-        summary[obj] = {key: mean_std([s[key] for s in per_seed if s[key] is not None])
-                        for key in ("steps_to_target", "steps_to_50", "steps_to_90", "auc")}
-        summary[obj]["not_reached"] = sum(s["steps_to_target"] is None for s in per_seed)
-    return summary
-
-
 def speed_lines(results):
     """The "aligns faster" table of results.md."""
     what = LABELS[results["metric"]] if results["image"] else "paraphrase R@1"
     lines = [f"How fast (val {what}; steps on the evaluation grid): steps to reach next_token's "
              f"final value at the same seed, to 50% and 90% of the run's own final value, and "
-             f"the curve's mean over training (area under it / steps).", "",
+             f"the curve's mean over training (area under it / steps). In fig_curves.png the "
+             f"dashed line is next_token's final value (mean over seeds) and each ▼ on it marks "
+             f"the mean step at which an objective first reaches it.", "",
              "| objective | steps to next_token's final | to 50% | to 90% | curve mean |",
              "|---|---:|---:|---:|---:|"]
     for obj, row in results["speed"].items():
@@ -196,13 +179,14 @@ def format_markdown(results):
              f"mean ± sample std (ddof 1) over seeds.", "",
              "| objective | mutual-kNN@10 | per seed | published | R@1 | per seed | published "
              "| paraphrase R@1 |", "|---|---:|---|---:|---:|---|---:|---:|"]
+    mknn, r1 = (fmt(chance.get("mutual_knn")), fmt(chance.get("R@1"))) if image else ("pending",) * 2
+    lines.append(f"| chance | {mknn} | | | {r1} | | | {fmt(chance.get(TEXT_KEY))} |")
+    lines += context_rows(results)
     for obj, row in results["objectives"].items():
         pub = PUBLISHED.get(obj, {})
         mknn, r1 = cell(row.get("mutual_knn"), not image), cell(row.get("R@1"), not image)
         lines.append(f"| {obj} | {mknn[0]} | {mknn[1]} | {fmt(pub.get('mutual_knn'))} | "
                      f"{r1[0]} | {r1[1]} | {fmt(pub.get('R@1'))} | {cell(row[TEXT_KEY], 0)[0]} |")
-    mknn, r1 = (fmt(chance.get("mutual_knn")), fmt(chance.get("R@1"))) if image else ("pending",) * 2
-    lines.append(f"| chance | {mknn} | | | {r1} | | | {fmt(chance.get(TEXT_KEY))} |")
     for obj in results["objectives"]:                # the same rows with the search off
         search = results["lr_search"].get(obj, {"chosen": None, "test": None})
         test = search["test"] or {}
@@ -213,7 +197,8 @@ def format_markdown(results):
         pend = "pending" if not image and search["chosen"] else None
         lines.append(f"| {name} | {pend or fmt(test.get('mutual_knn'))} | | {pub} | "
                      f"{pend or fmt(test.get('R@1'))} | | | {fmt(test.get(TEXT_KEY))} |")
-    lines += [""] + difference_lines(results) + [""] + speed_lines(results) + [""]
+    lines += [""] + context_lines(results) + [""] + difference_lines(results) + [""]
+    lines += speed_lines(results) + [""]
     if image and not results["comparable"]:
         lines += [f"The published numbers are the COCO replication's (DINOv2 image embeddings); "
                   f"these runs were scored against {', '.join(results['embeddings_models'])}: "
@@ -227,6 +212,31 @@ def format_markdown(results):
     lines += search_lines(results) + environment_lines(results)
     lines += ["", "## Figures", ""] + [f"![{f[4:-4]}]({f})" for f in FIGURES]
     return "\n".join(lines) + "\n"
+
+
+def context_rows(results):
+    """The rows under chance: the untrained encoder of each attention (baselines.py), the
+    world's ceiling (synthetic worlds only)."""
+    image, rows = results["image"], []
+    for kind, row in results["untrained"].items():
+        mknn, r1 = cell(row.get("mutual_knn"), not image), cell(row.get("R@1"), not image)
+        rows.append(f"| untrained encoder, {kind} ({', '.join(row['objectives'])}) | {mknn[0]} | "
+                    f"{mknn[1]} | | {r1[0]} | {r1[1]} | | {cell(row[TEXT_KEY], False)[0]} |")
+    if results["ceiling"] is not None:
+        rows.append(f"| world ceiling (scene factors vs images) | {fmt(results['ceiling'])} "
+                    f"| | | - | | | - |")
+    return rows
+
+
+def context_lines(results):
+    """What the rows under chance mean (below the table)."""
+    line = ("Untrained encoder: each seed's encoder at step 0 (the weights its runs start from), "
+            "scored like the runs: what the architecture gives before training." if
+            results["untrained"] else f"Untrained encoder: not scored (the captions file "
+            f"`{results['protocol']['base']['captions']}` is not at hand).")
+    return [line + (" World ceiling: mutual-kNN@10 between the synthetic world's scene factors "
+                    "and its image embeddings on the test photos, what an encoder that recovered "
+                    "every scene exactly would score." if results["ceiling"] is not None else "")]
 
 
 def difference_lines(results):

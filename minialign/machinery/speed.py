@@ -10,6 +10,7 @@ For one run's curve (steps s_1 < ... < s_K, values v_1..v_K of one metric, highe
                       the curve's mean value over training, in the metric's units
 Steps are resolved to the evaluation grid (eval_every): no interpolation between evaluations.
 A target never reached gives None (reported as "not reached", never as a number).
+speed_summary: these per objective, mean_std over its seeds (report.collect's "speed").
 """
 import numpy as np
 
@@ -48,3 +49,35 @@ def speed_numbers(steps, values, target=None):
             first_step_reaching(steps, values, target),
             "steps_to_50": fraction(0.5), "steps_to_90": fraction(0.9),
             "auc": curve_auc(steps, values)}
+
+
+def mean_std(values):
+    """{"mean", "std" (sample std, ddof 1; None for one value), "values"}; None if empty."""
+    if not values:
+        return None
+    return {"mean": float(np.mean(values)),
+            "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            "values": list(values)}
+
+
+def speed_summary(runs, seed_runs, metric):
+    """Per objective, over its seeds (speed_numbers): steps to next_token's final val value at
+    the same seed ("not_reached" counts the seeds whose next_token run has finished but which
+    never get there; "target": next_token's final over the seeds compared, what fig_curves
+    draws), to 50% / 90% of its own final value, and the curve's mean (auc), each as mean_std.
+    runs: {name: report.run_numbers dict}; seed_runs: {objective: names of its finished
+    seed-grid runs}; metric: the curves' key."""
+    finals = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
+              for n in seed_runs.get("next_token", []) if metric in runs[n]["curve"]}
+    summary = {}
+    for obj, names in seed_runs.items():
+        seeds = [runs[n]["seed"] for n in names if metric in runs[n]["curve"]]
+        per_seed = [speed_numbers(runs[n]["curve"]["step"], runs[n]["curve"][metric],
+                                  finals.get(runs[n]["seed"]))
+                    for n in names if metric in runs[n]["curve"]]
+        summary[obj] = {key: mean_std([s[key] for s in per_seed if s[key] is not None])
+                        for key in ("steps_to_target", "steps_to_50", "steps_to_90", "auc")}
+        summary[obj]["not_reached"] = sum(s["steps_to_target"] is None
+                                          for seed, s in zip(seeds, per_seed) if seed in finals)
+        summary[obj]["target"] = mean_std([finals[seed] for seed in seeds if seed in finals])
+    return summary
