@@ -32,7 +32,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.encoder": 12, "machinery.protocol": 12, "machinery.evaluate": 12,
     "machinery.synthetic": 12, "machinery.coco": 12, "machinery.export": 12, "machinery.bench": 12,
     "machinery.report": 14, "machinery.bench_torch": 14, "machinery.estimate": 14,
-    "machinery.replicate": 16,
+    "machinery.replicate": 16, "machinery.scaling_report": 15, "machinery.scaling_run": 17,
     "machinery.cli": 18,
     "__main__": 20,
 }

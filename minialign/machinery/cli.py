@@ -1,5 +1,5 @@
 """The command line, in one place: python -m minialign {data,train,bench,synthetic,evaluate,
-replicate,report,export} --help.
+replicate,scaling,report,export} --help.
 
 Each sub-command is an add_*_args function (its options) and a run_* function (what it does
 with them). The training flags are declared once, in flags.TRAIN_FLAGS (from the config
@@ -12,12 +12,13 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import bench, coco, evaluate, export, replicate, report, synthetic
+from . import (bench, coco, evaluate, export, replicate, report, scaling_report, scaling_run,
+               synthetic)
 from .machine import use_cores
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
-                       Protocol)
+                       Protocol, load_protocol)
 from .rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
@@ -26,6 +27,8 @@ RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest c
     "data": "rerun the same command: finished steps are skipped",
     "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
                  "continues from its last checkpoint",
+    "scaling": "rerun the same command: finished runs are skipped, the interrupted one "
+               "continues from its last checkpoint",
 }
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
@@ -133,6 +136,10 @@ def run_replicate(args):
     return replicate.run_replicate(protocol_from_args(args), args)
 
 
+def run_scaling(args):
+    return scaling_run.run_scaling(scaling_run.protocol_from_args(args), args)
+
+
 def add_bench_args(p):
     p.add_argument("--captions", default=str(bench.DEFAULT_CAPTIONS), help="COCO captions JSON")
     p.add_argument("--timed-steps", type=positive_int, default=bench.TIMED_STEPS,
@@ -177,11 +184,16 @@ def run_evaluate(args):
 
 
 def add_report_args(p):
-    p.add_argument("results_dir", help="a directory written by `python -m minialign replicate`")
+    p.add_argument("results_dir", help="a directory written by `python -m minialign replicate` "
+                                       "or `scaling`")
 
 
 def run_report(args):
-    return report.run_report(Path(args.results_dir))
+    """report.run_report, or scaling_report.run_report for a sweep's directory."""
+    out = Path(args.results_dir)
+    if (out / "protocol.json").is_file() and load_protocol(out).kind == "scaling":
+        return scaling_report.run_report(out)
+    return report.run_report(out)
 
 
 def add_synthetic_args(p):
@@ -256,6 +268,8 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
                  add_evaluate_args, run_evaluate),
     "replicate": ("the replication grid: objectives x seeds, lr search, results table",
                   add_replicate_args, run_replicate),
+    "scaling": ("the scaling sweep: encoder sizes x objectives x seeds, gap vs parameters",
+                scaling_run.add_scaling_args, run_scaling),
     "report": ("rebuild results.md and the figures from saved runs", add_report_args,
                run_report),
     "export": ("one-time: COCO images -> frozen DINOv2 embeddings (.npz); needs the [export] "
