@@ -194,7 +194,7 @@ def fig_scaling(results, path):
     gaps = [(s["params"], s["gap"]) for s in sizes if s["gap"]["per_seed"]]
     px = panel(draw, (930, 170, 1540, 730), x_range,
                [g for _, gap in gaps for g in gap["per_seed"]],
-               f"good_views − next_token, test {LABELS[metric]}", zero=True)
+               "gap: good_views − next_token, per seed", zero=True)
     for p, gap in gaps:                                  # the seeds' spread, then the seeds
         draw.line([px(p, min(gap["per_seed"])), px(p, max(gap["per_seed"]))], fill=GREY, width=4)
         for g in gap["per_seed"]:
