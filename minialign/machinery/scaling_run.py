@@ -146,7 +146,7 @@ def print_estimate(protocol, out, jobs, threads, per_run_mb, vocab_size):
     print(f"[estimate] this sweep on this machine: {estimate.hours(found['seconds'])}; on a "
           f"cluster, one {threads}-core task per run all at once at this machine's speed: "
           f"{estimate.hours(found['cluster_seconds'])} (the longest run), "
-          f"{found['core_hours']:.1f} core-hours in all", flush=True)
+          f"{found['core_hours']:.3g} core-hours in all", flush=True)
     return {**found, "measured": {f"d{d}-l{n}": m for (d, n), m in measured.items()}}
 
 
