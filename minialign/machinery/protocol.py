@@ -104,8 +104,9 @@ def run_config(protocol, objective, seed, lr=None, size=None):
 
 
 def seed_grid(protocol):
-    """Every objective x seed (x size, in a sweep) at the shared lr, seed-major (an early stop
-    leaves every objective, and every size, with a seed), then sizes in the protocol's order."""
+    """Every objective x seed (x size, in a sweep) at the shared lr: seed-major (an early stop
+    leaves every objective, and every size, with a seed); within a seed, the sizes in the
+    protocol's order, each with every objective."""
     return [run_config(protocol, obj, seed, size=size) for seed in protocol.seeds
             for size in (protocol.sizes or (None,)) for obj in protocol.objectives]
 

@@ -52,8 +52,9 @@ def eta_line(tally, steps, jobs=1, busy=()):
     """'runs done / total, ETA' for the runs in tally["pending"] (names) not yet started, each
     `steps` long, on `jobs` slots (jobs.makespan), after the runs in progress (busy: their
     seconds left), from the measured seconds per step of each objective (and size, in a
-    sweep: protocol.group_of; their mean over the others, for one not measured yet). With jobs > 1 the measured
-    s/step are those of runs sharing the machine, so the contention is in them."""
+    sweep: protocol.group_of; their mean over the others, for one not measured yet). With
+    jobs > 1 the measured s/step are those of runs sharing the machine, so the contention is
+    in them."""
     rates = {obj: float(np.mean(ms)) / 1000 for obj, ms in tally["ms_per_step"].items()}
     line = f"{tally['done']}/{tally['total']} runs done"
     if not rates:
