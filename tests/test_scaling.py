@@ -258,3 +258,9 @@ def test_jobs_children_train_the_sized_runs(sweep, tmp_path):
         theirs = json.loads((sweep["out"] / "runs" / name / "metrics.json").read_text())
         assert mine["final"]["test"] == theirs["final"]["test"]
         assert (tmp_path / "logs" / f"{name}.log").is_file()
+
+
+def test_a_replicate_protocol_in_a_sweep_directory_is_refused(sweep):
+    plain = dataclasses.replace(sweep["protocol"], kind="replicate", sizes=())
+    with pytest.raises(ValueError, match="another protocol.*kind, sizes"):
+        replicate.replicate(plain, sweep["out"], None, progress=False)
