@@ -132,11 +132,11 @@ eta-scaling:        ## the sweep's plan and time here and on a cluster (times ev
 	$(PY) -m minialign scaling $(SCALING_ARGS) --dry-run
 
 # A few minutes on the SYNTHETIC world: widths 16 32 64 at L=1 and depths 1 2 at D=32
-# (4 sizes) x 3 objectives x 3 seeds, 100 steps x 64 photos at the demo's lr.
+# (4 sizes) x 3 objectives x seeds 0 1, 100 steps x 64 photos at the demo's lr.
 SCALING_DEMO ?= results/synthetic-scaling
 scaling-demo: $(DEMO_WORLD)/captions_synthetic.json  ## the sweep on the synthetic world, minutes
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign scaling \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(SCALING_DEMO) \
-	    --widths 16 32 64 --depths 1 2 --center 32 1 --steps 100 --batch-photos 64 \
+	    --widths 16 32 64 --depths 1 2 --center 32 1 --seeds 0 1 --steps 100 --batch-photos 64 \
 	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --no-estimate $(JOBS_FLAG)
