@@ -151,8 +151,8 @@ def panel(draw, box, x_range, values, title, zero=False):
     pad = 0.15 * (hi - lo) or 0.01
     px = axes(draw, box, x_range, (lo - pad if lo < 0 else 0.0, hi + pad), xlog=True)
     for t in x_ticks(*x_range):
-        draw.text((px(t, 0)[0], box[3] + 14), params_text(t), font=font(24), fill=INK,
-                  anchor="ma")
+        label = f"{t / 1e6:g}M" if t >= 1e6 else f"{t / 1e3:g}k"
+        draw.text((px(t, 0)[0], box[3] + 14), label, font=font(24), fill=INK, anchor="ma")
     draw.text(((box[0] + box[2]) / 2, box[3] + 50), "parameters (log scale)", font=font(26),
               fill=INK, anchor="ma")
     draw.text(((box[0] + box[2]) / 2, box[1] - 40), title, font=font(28), fill=INK, anchor="ma")
