@@ -13,7 +13,7 @@ SEED       ?= 0
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
 
 .PHONY: install install-export test data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
-        eta eta-quick report
+        eta eta-quick report scaling eta-scaling scaling-demo
 
 install:            ## numpy, pillow, tqdm + pytest
 	$(PY) -m pip install -e '.[test]'
@@ -123,3 +123,31 @@ $(DEMO_WORLD)/captions_synthetic.json:
 
 report:             ## rebuild results.md, results.json and the figures: make report RESULTS=results/synthetic
 	$(PY) -m minialign report $(RESULTS)
+
+# The scaling sweep (minialign/machinery/scaling_run.py on replicate's machinery; the table,
+# fig_scaling.png and the gap's trend: scaling_report.py). Stop and rerun as replicate; a rerun
+# with the embeddings scores the finished runs without retraining. GRID=plus (default): widths
+# 64 128 256 512 at L=4 and depths 2 4 8 at D=256, 6 sizes x 3 objectives x 3 seeds = 54 runs
+# of 3000 steps x 256 photos at lr 1e-3; GRID=cross: every width x depth, 12 sizes, 108 runs.
+SCALING      ?= results/coco-scaling
+GRID         ?= plus
+SCALING_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
+	--out $(SCALING) --grid $(GRID) $(JOBS_FLAG)
+
+scaling:            ## encoder sizes x 3 objectives x seeds 0-2 at the replication's steps, batch, lr
+	$(CHECK_CAPTIONS)
+	$(PY) -m minialign scaling $(SCALING_ARGS)
+
+eta-scaling:        ## the sweep's plan and time here and on a cluster (times every size); writes nothing
+	$(CHECK_CAPTIONS)
+	$(PY) -m minialign scaling $(SCALING_ARGS) --dry-run
+
+# A few minutes on the SYNTHETIC world: widths 16 32 64 at L=1 and depths 1 2 at D=32
+# (4 sizes) x 3 objectives x seeds 0 1, 100 steps x 64 photos at the demo's lr.
+SCALING_DEMO ?= results/synthetic-scaling
+scaling-demo: $(DEMO_WORLD)/captions_synthetic.json  ## the sweep on the synthetic world, minutes
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign scaling \
+	    --captions $(DEMO_WORLD)/captions_synthetic.json \
+	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(SCALING_DEMO) \
+	    --widths 16 32 64 --depths 1 2 --center 32 1 --seeds 0 1 --steps 100 --batch-photos 64 \
+	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --no-estimate $(JOBS_FLAG)

@@ -33,7 +33,8 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.synthetic": 12, "machinery.coco": 12, "machinery.export": 12, "machinery.bench": 12,
     "machinery.baselines": 13,
     "machinery.report": 14, "machinery.compare": 15, "machinery.bench_torch": 14, "machinery.estimate": 14,
-    "machinery.replicate": 16, "machinery.slurm_runs": 17,
+    "machinery.replicate": 16, "machinery.scaling_report": 15, "machinery.slurm_runs": 17,
+    "machinery.scaling_run": 17,
     "machinery.cli": 18,
     "__main__": 20,
 }

@@ -1,5 +1,5 @@
 """The command line, in one place: python -m minialign {data,train,bench,synthetic,evaluate,
-replicate,report,export} --help.
+replicate,scaling,report,export} --help.
 
 Each sub-command is an add_*_args function (its options) and a run_* function (what it does
 with them). The training flags are declared once, in flags.TRAIN_FLAGS (from the config
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import bench, coco, compare, evaluate, export, replicate, report, slurm_runs, synthetic
+from . import (bench, coco, compare, evaluate, export, replicate, report, scaling_report,
+               scaling_run, slurm_runs, synthetic)
 from .machine import use_cores
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
@@ -26,6 +27,8 @@ RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest c
     "data": "rerun the same command: finished steps are skipped",
     "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
                  "continues from its last checkpoint",
+    "scaling": "rerun the same command: finished runs are skipped, the interrupted one "
+               "continues from its last checkpoint",
 }
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
@@ -149,6 +152,20 @@ def check_anticollapse(out, protocol):
                              f"(`make ... ANTICOLLAPSE={new}` uses one)")
 
 
+def add_scaling_args(p):
+    scaling_run.add_scaling_args(p)
+    slurm_runs.add_slurm_args(p)
+
+
+def run_scaling(args):
+    """scaling_run.run_scaling, or with --slurm the sweep's runs handed to Slurm."""
+    slurm_runs.check_slurm_args(args)
+    protocol = scaling_run.protocol_from_args(args)
+    if args.slurm:
+        return slurm_runs.run_slurm(protocol, args, finish=scaling_report.run_report)
+    return scaling_run.run_scaling(protocol, args)
+
+
 def add_bench_args(p):
     p.add_argument("--captions", default=str(bench.DEFAULT_CAPTIONS), help="COCO captions JSON")
     p.add_argument("--timed-steps", type=positive_int, default=bench.TIMED_STEPS,
@@ -194,19 +211,24 @@ def run_evaluate(args):
 
 def add_report_args(p):
     p.add_argument("results_dir", nargs="+", help="a directory written by `python -m minialign "
-                   "replicate`; two or more: a side-by-side table of them (e.g. --anticollapse "
-                   "vicreg and sigreg), printed and written to --out")
+                   "replicate` or `scaling`; two or more: a side-by-side table of them (e.g. "
+                   "--anticollapse vicreg and sigreg), printed and written to --out")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="with two or more directories: where the side-by-side table goes "
                         "(default: compare_<A>_<B>.md beside the first directory)")
 
 
 def run_report(args):
+    """compare.run_compare for several directories; else report.run_report, or
+    scaling_report.run_report for a sweep's directory."""
     if len(args.results_dir) > 1:
         return compare.run_compare(args.results_dir, args.out)
     if args.out is not None:
         raise ValueError("--out: only for a side-by-side table of two or more directories")
-    return report.run_report(Path(args.results_dir[0]))
+    out = Path(args.results_dir[0])
+    if (out / "protocol.json").is_file() and load_protocol(out).kind == "scaling":
+        return scaling_report.run_report(out)
+    return report.run_report(out)
 
 
 def add_synthetic_args(p):
@@ -281,6 +303,8 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
                  add_evaluate_args, run_evaluate),
     "replicate": ("the replication grid: objectives x seeds, lr search, results table",
                   add_replicate_args, run_replicate),
+    "scaling": ("the scaling sweep: encoder sizes x objectives x seeds, gap vs parameters",
+                add_scaling_args, run_scaling),
     "report": ("rebuild results.md and the figures from saved runs; several directories: "
                "side by side", add_report_args,
                run_report),

@@ -1,6 +1,13 @@
-"""The replication's protocol, written and read by `replicate` and `report` alike: the grid
-(objectives x seeds at one shared lr), the run names, protocol.json, and the learning-rate
-search replayed over the runs that exist (a pure function of their scores).
+"""The protocol, written and read by `replicate`, `scaling` and `report` alike: the grid
+(objectives x seeds at one shared lr; a scaling sweep adds encoder sizes), the run names,
+protocol.json, and the learning-rate search replayed over the runs that exist (a pure
+function of their scores).
+
+Two kinds share one Protocol and one runner (replicate.run_grid):
+    "replicate"  objectives x seeds at base's encoder, plus the per-objective lr search;
+    "scaling"    objectives x seeds x sizes, each size (D, L) an encoder of scaling.size_config
+                 (H = D / 64, F = 4 D), no lr search. Its runs are SizedConfigs, whose names
+                 carry the size: good_views-d128-l4-lr1.00e-03-seed0.
 """
 import dataclasses
 import json
@@ -12,18 +19,24 @@ import numpy as np
 from ..train import TrainConfig
 from .files import atomic_write_json, read_json
 from .rundir import is_diverged, read_metrics, upgrade_config
+from .scaling import size_config
 
 OBJECTIVE_ORDER = ("good_views", "bad_views", "next_token")  # the replication's table order
 SEEDS = (0, 1, 2)
 LR_MIN, LR_MAX, LR_PER_DECADE = 1e-4, 1e-2, 2   # search grid 1e-4, 3.16e-4, ..., 1e-2
 MAX_EXTENSIONS = 2                               # grid points added beyond an edge, at most
 LR_DIGITS = 3                                    # significant digits of a grid lr
+KINDS = ("replicate", "scaling")
+OLD_PROTOCOL_DEFAULTS = {"kind": "replicate", "sizes": []}   # protocol.json before the sweep
 
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-    """The grid. `base` is every run's TrainConfig except objective, seed and lr; base.lr is
-    the shared lr of the seed grid. lr_per_decade = 0 turns the search off."""
+    """The grid. `base` is every run's TrainConfig except objective, seed and lr (and, in a
+    sweep, the encoder's size); base.lr is the shared lr of the seed grid. lr_per_decade = 0
+    turns the search off. kind "scaling": sizes is ((D, L), ...), at least one, and there is
+    no lr search. Raises ValueError (one line) for fields that disagree, or a size whose
+    ModelConfig is refused (a D that its heads, max(1, D // 64), do not divide)."""
     base: TrainConfig
     objectives: tuple = OBJECTIVE_ORDER
     seeds: tuple = SEEDS
@@ -31,6 +44,8 @@ class Protocol:
     lr_max: float = LR_MAX
     lr_per_decade: int = LR_PER_DECADE
     max_extensions: int = MAX_EXTENSIONS
+    kind: str = "replicate"
+    sizes: tuple = ()
 
     def __post_init__(self):
         if isinstance(self.base, dict):
@@ -38,9 +53,30 @@ class Protocol:
                                TrainConfig(**upgrade_config(self.base)))
         object.__setattr__(self, "objectives", tuple(self.objectives))
         object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "sizes", tuple(tuple(size) for size in self.sizes))
+        if self.kind not in KINDS:
+            raise ValueError(f"protocol kind {self.kind!r}: must be one of {', '.join(KINDS)}")
+        if (self.kind == "scaling") != bool(self.sizes):
+            raise ValueError(f"a {self.kind} protocol {'needs' if self.sizes == () else 'takes no'}"
+                             f" encoder sizes, got {list(self.sizes)}")
+        if self.kind == "scaling" and self.lr_per_decade:
+            raise ValueError("a scaling sweep has no lr search (lr_per_decade must be 0)")
+        for d_model, n_layers in self.sizes:
+            try:
+                size_config(d_model, n_layers, self.base.model.vocab_size,
+                            self.base.model.max_len)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"encoder size D={d_model}, L={n_layers}: {err}") from None
         if self.lr_per_decade and grid_points(self) < 2:
             raise ValueError(f"the lr search needs lr_max > lr_min, got {self.lr_min} and "
                              f"{self.lr_max}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SizedConfig(TrainConfig):
+    """A TrainConfig of a scaling sweep: the same fields, and a run name (run_name) that
+    carries the encoder's size, so runs of one objective, lr and seed at several sizes live
+    side by side in runs/. It pickles to a --jobs child and is saved as a TrainConfig."""
 
 
 def grid_points(protocol):
@@ -55,28 +91,48 @@ def grid_lr(protocol, k):
     return float(f"{protocol.lr_min * 10 ** (k / protocol.lr_per_decade):.{LR_DIGITS}g}")
 
 
-def run_config(protocol, objective, seed, lr=None):
-    """The TrainConfig of one run (lr None: the seed grid's shared lr)."""
-    return dataclasses.replace(protocol.base, objective=objective, seed=seed,
-                               lr=protocol.base.lr if lr is None else lr)
+def run_config(protocol, objective, seed, lr=None, size=None):
+    """The TrainConfig of one run (lr None: the seed grid's shared lr). size: (D, L) of a
+    scaling sweep, which returns a SizedConfig with scaling.size_config's encoder."""
+    cfg = dataclasses.replace(protocol.base, objective=objective, seed=seed,
+                              lr=protocol.base.lr if lr is None else lr)
+    if size is None:
+        return cfg
+    m = cfg.model
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return SizedConfig(**{**fields, "model": size_config(*size, m.vocab_size, m.max_len)})
+
+
+def seed_grid(protocol):
+    """Every objective x seed (x size, in a sweep) at the shared lr: seed-major (an early stop
+    leaves every objective, and every size, with a seed); within a seed, the sizes in the
+    protocol's order, each with every objective."""
+    return [run_config(protocol, obj, seed, size=size) for seed in protocol.seeds
+            for size in (protocol.sizes or (None,)) for obj in protocol.objectives]
 
 
 def planned_runs(protocol):
     """The runs known before any result, in the order replicate starts them: the seed grid
-    (seed-major, so an early stop leaves every objective with a seed), then each objective's
-    initial lr grid on the first seed. A name may appear twice (a grid lr equal to the shared
-    lr is the seed grid's run); extensions of the search come later (lr_search)."""
-    seed_grid = [run_config(protocol, obj, seed) for seed in protocol.seeds
-                 for obj in protocol.objectives]
+    (seed_grid), then each objective's initial lr grid on the first seed. A name may appear
+    twice (a grid lr equal to the shared lr is the seed grid's run); extensions of the search
+    come later (lr_search)."""
     first_search = [run_config(protocol, obj, protocol.seeds[0], grid_lr(protocol, k))
                     for obj in protocol.objectives
                     for k in range(grid_points(protocol) if protocol.lr_per_decade else 0)]
-    return seed_grid + first_search
+    return seed_grid(protocol) + first_search
 
 
 def run_name(cfg):
-    """Run directory name, e.g. good_views-lr1.00e-03-seed0."""
-    return f"{cfg.objective}-lr{cfg.lr:.2e}-seed{cfg.seed}"
+    """Run directory name, e.g. good_views-lr1.00e-03-seed0; a SizedConfig's carries its
+    encoder's width and depth: good_views-d128-l4-lr1.00e-03-seed0."""
+    size = f"-d{cfg.model.d_model}-l{cfg.model.n_layers}" if isinstance(cfg, SizedConfig) else ""
+    return f"{cfg.objective}{size}-lr{cfg.lr:.2e}-seed{cfg.seed}"
+
+
+def group_of(name):
+    """What a run name shares with the runs it times like: its objective (and size, in a
+    sweep), the name before "-lr": good_views-d128-l4-lr1.00e-03-seed0 -> good_views-d128-l4."""
+    return name.split("-lr")[0]
 
 
 def load_protocol(out):
@@ -104,6 +160,7 @@ def save_protocol(out, protocol):
         old = read_json(path, "replicate protocol (protocol.json)")
         if isinstance(old.get("base"), dict):            # a protocol saved before #10
             old = {**old, "base": upgrade_config(old["base"])}
+        old = {**OLD_PROTOCOL_DEFAULTS, **old}           # saved before the scaling sweep
         if old != json.loads(json.dumps(saved)):
             diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
             raise ValueError(f"{out}: holds results of another protocol (differs in "

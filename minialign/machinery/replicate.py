@@ -1,4 +1,5 @@
-"""The replication's whole protocol as one command that survives being stopped.
+"""The replication's whole protocol as one command that survives being stopped; the scaling
+sweep (scaling_run.py) runs on the same machinery.
 
     python -m minialign replicate --captions C --embeddings E --out results/coco
 
@@ -20,6 +21,8 @@ eval_every steps. A run whose loss diverged gets diverged.json and is not retrie
 --jobs N runs N runs at once, each in its own process (jobs.py) on --threads cores (default
 cores // N), its output in out/logs/<run>.log; a run starts as soon as a slot is free and the
 runs it depends on are scored (wanted_runs: only the search's extensions depend on others).
+A sweep (protocol kind "scaling") is the seed grid over its sizes, no search; the ETA times
+each objective at each size apart (protocol.group_of).
 A run's numbers depend on its --threads, not on --jobs. Before the grid, replicate prints how
 long it will take (estimate.py; --dry-run: only that).
 """
@@ -37,8 +40,8 @@ from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_
                          sha256_file)
 from .files import DirLock, atomic_write_json
 from .machine import describe, use_cores
-from .protocol import (lr_search, planned_runs, run_config, run_name, save_protocol,
-                       selection_score)
+from .protocol import (group_of, lr_search, planned_runs, run_config, run_name, save_protocol,
+                       seed_grid, selection_score)
 from .rundir import Diverged, is_diverged, is_finished, read_metrics
 
 EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
@@ -48,24 +51,20 @@ EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT
 def eta_line(tally, steps, jobs=1, busy=()):
     """'runs done / total, ETA' for the runs in tally["pending"] (names) not yet started, each
     `steps` long, on `jobs` slots (jobs.makespan), after the runs in progress (busy: their
-    seconds left), from the measured seconds per step of each objective (their mean over runs
-    of another objective, for an objective not measured yet). With jobs > 1 the measured
-    s/step are those of runs sharing the machine, so the contention is in them."""
+    seconds left), from the measured seconds per step of each objective (and size, in a
+    sweep: protocol.group_of; their mean over the others, for one not measured yet). With
+    jobs > 1 the measured s/step are those of runs sharing the machine, so the contention is
+    in them."""
     rates = {obj: float(np.mean(ms)) / 1000 for obj, ms in tally["ms_per_step"].items()}
     line = f"{tally['done']}/{tally['total']} runs done"
     if not rates:
         return line + ", ETA after the first run"
     fallback = float(np.mean(list(rates.values())))
     waiting = sorted(tally["pending"] - set(tally.get("running", ())))
-    seconds = jobs_.makespan([steps * rates.get(objective_of(name), fallback)
+    seconds = jobs_.makespan([steps * rates.get(group_of(name), fallback)
                               for name in waiting], jobs, busy)
     measured = ", ".join(f"{obj} {s:.2f}" for obj, s in rates.items())
     return f"{line}, ETA {estimate.hours(seconds)} (measured s/step incl. evaluation: {measured})"
-
-
-def objective_of(name):
-    """The objective of a run name (protocol.run_name): good_views-lr1.00e-03-seed0."""
-    return name.split("-lr")[0]
 
 
 def train_and_score(cfg, run_dir, emb, progress=None):
@@ -87,7 +86,8 @@ def record_finished(run_dir, tally):
     """A run this session ran is done: its measured ms/step into the tally."""
     metrics = read_metrics(run_dir)
     if "ms_per_step" in metrics:
-        tally["ms_per_step"].setdefault(metrics["objective"], []).append(metrics["ms_per_step"])
+        tally["ms_per_step"].setdefault(group_of(run_dir.name), []).append(
+            metrics["ms_per_step"])
     tally["pending"].discard(run_dir.name)
     tally["done"] += 1
 
@@ -130,11 +130,12 @@ def replicate(protocol, out, emb=None, progress=None, jobs=1, threads=None):
 
 
 def wanted_runs(protocol, out, emb, metric):
-    """The runs the protocol needs now, in start order: the seed grid, then for each objective
-    every lr of its search replayed so far that has no score yet (protocol.lr_search's
-    "missing"): an extension appears once the runs it depends on are scored."""
-    wanted = [run_config(protocol, obj, seed) for seed in protocol.seeds
-              for obj in protocol.objectives]
+    """The runs the protocol needs now, as TrainConfigs in start order (each one's directory:
+    out/runs/protocol.run_name(cfg)): the seed grid (protocol.seed_grid, over the sizes of a
+    sweep), then for each objective every lr of its search replayed so far that has no score
+    yet (protocol.lr_search's "missing"): an extension appears once the runs it depends on
+    are scored. emb: {"data", "sha256"} or None; metric: the search's selection metric."""
+    wanted = seed_grid(protocol)
     for objective in protocol.objectives if protocol.lr_per_decade else ():
         search = lr_search(protocol, score_function(protocol, out, emb, metric, objective))
         wanted += [run_config(protocol, objective, protocol.seeds[0], lr)
@@ -160,7 +161,7 @@ def new_tally(protocol, out):
     for name in sorted(planned):
         metrics = read_metrics(out / "runs" / name)
         if "ms_per_step" in metrics:                       # measured in an earlier session
-            tally["ms_per_step"].setdefault(metrics["objective"], []).append(
+            tally["ms_per_step"].setdefault(group_of(name), []).append(
                 metrics["ms_per_step"])
     return tally
 

@@ -21,6 +21,22 @@ DEPTHS = (2, 4, 8)
 HEAD_WIDTH = 64   # Dh: heads = D / 64 (at least 1), as GPT-2 and BERT keep per-head width fixed
 MLP_RATIO = 4     # F = 4 D at every size
 SLOPE_SIGMAS = 2  # |b| > 2 se(b): the slope's sign is called
+CENTER = (256, 4) # the replication's encoder (D, L): where a "plus" sweep's two arms cross
+GRIDS = ("plus", "cross")
+
+
+def sweep_sizes(widths=WIDTHS, depths=DEPTHS, grid="plus", center=CENTER):
+    """The (D, L) pairs of a sweep, smallest transformer body (D^2 L) first, each once.
+    grid "plus": every width at the center's depth and every depth at the center's width
+    (the default: D in {64, 128, 256, 512} at L = 4 and L in {2, 4, 8} at D = 256, 6 sizes);
+    "cross": every width x every depth (4 x 3 = 12 sizes). Raises ValueError for another grid."""
+    if grid == "cross":
+        sizes = {(d, n) for d in widths for n in depths}
+    elif grid == "plus":
+        sizes = {(d, center[1]) for d in widths} | {(center[0], n) for n in depths}
+    else:
+        raise ValueError(f"sweep grid {grid!r}: must be one of {', '.join(GRIDS)}")
+    return tuple(sorted(sizes, key=lambda s: (s[0] * s[0] * s[1], s)))
 
 
 def size_config(d_model, n_layers, vocab_size, max_len):
