@@ -125,6 +125,27 @@ def test_manifest_of_a_grid_one_task_per_run_each_rebuilding_its_config(tmp_path
                             "--embeddings", "emb.npz"]
 
 
+def test_scaling_slurm_one_task_per_sized_run_each_rebuilding_its_size(world, tmp_path,
+                                                                       monkeypatch, capsys):
+    monkeypatch.setattr(slurm, "available", lambda: "no Slurm in this test")
+    captions, embeddings = world
+    out = tmp_path / "sweep"
+    assert cli.main(["scaling", "--captions", str(captions), "--embeddings", str(embeddings),
+                     "--out", str(out), "--widths", "16", "32", "--depths", "1", "--grid",
+                     "cross", "--objectives", "good_views", "next_token", "--seeds", "0",
+                     "--steps", "4", "--batch-photos", "8", "--warmup-steps", "1",
+                     "--eval-every", "2", "--slurm"]) == 0
+    names = [f"{o}-d{d}-l1-lr1.00e-03-seed0" for d in (16, 32) for o in ("good_views", "next_token")]
+    assert manifest_runs(out, 1) == names
+    for _, name, command in slurm.read_manifest(out / "slurm" / "manifest-1.tsv"):
+        train_argv, evaluate_argv = [shlex.split(c) for c in command.split(" && ")]
+        cfg = slurm_runs.parsed_config(train_argv)
+        d_model = int(name.split("-d")[1].split("-")[0])
+        assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (d_model, 1, 1)
+        assert train_argv[train_argv.index("--out") + 1] == str(out / "runs" / name)
+        assert evaluate_argv[-2:] == ["--embeddings", str(embeddings)]
+
+
 def test_a_rerun_lists_only_missing_runs_and_the_searchs_extension(tmp_path, monkeypatch):
     base = train.TrainConfig(captions="caps.json")
     protocol = Protocol(base=base, objectives=("good_views",), seeds=(0, 1), lr_min=1e-3,
