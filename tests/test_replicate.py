@@ -15,7 +15,7 @@ import pytest
 from minialign import train
 from minialign.machinery.protocol import (Protocol, extend_side, grid_lr, lr_search, run_config,
                                           run_name, selection_score)
-from minialign.machinery import cli, replicate, report, rundir, synthetic
+from minialign.machinery import cli, estimate, replicate, report, rundir, synthetic
 from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.model import ModelConfig
 
@@ -186,8 +186,20 @@ def test_missing_embeddings_stop_before_training(grid, tmp_path):
 
 def test_another_protocol_in_the_same_directory_is_refused(grid):
     other = tiny_protocol(grid["captions"], seeds=(0, 1, 2))
-    with pytest.raises(ValueError, match="another protocol.*seeds"):
+    with pytest.raises(ValueError, match=r"other settings \(seeds \(saved \[0, 1\], now \[0, 1, 2\]\)\)"):
         replicate.replicate(other, grid["out"], None, progress=False)
+
+
+def test_other_settings_are_refused_before_the_estimate_times_anything(grid, monkeypatch):
+    def timed(*args, **kwargs):
+        raise AssertionError("the estimate ran before the settings were checked")
+    monkeypatch.setattr(estimate, "measure", timed)
+    parser = argparse.ArgumentParser()
+    cli.add_replicate_args(parser)
+    args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(grid["out"]),
+                              "--image-eval", "off", "--steps", "7"])
+    with pytest.raises(ValueError, match=r"other settings \(.*steps \(saved 6, now 7\)"):
+        cli.run_replicate(args)
 
 
 def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch):

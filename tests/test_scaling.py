@@ -262,5 +262,5 @@ def test_jobs_children_train_the_sized_runs(sweep, tmp_path):
 
 def test_a_replicate_protocol_in_a_sweep_directory_is_refused(sweep):
     plain = dataclasses.replace(sweep["protocol"], kind="replicate", sizes=())
-    with pytest.raises(ValueError, match="another protocol.*kind, sizes"):
+    with pytest.raises(ValueError, match=r"other settings \(kind \(saved 'scaling', now 'replicate'\); sizes "):
         replicate.replicate(plain, sweep["out"], None, progress=False)

@@ -23,7 +23,8 @@ from .rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest continues
-    "train": "rerun the same command with --resume to continue from the last checkpoint",
+    "train": "rerun the same command with --resume (`make train ... RESUME=1`) to continue from "
+             "the last checkpoint (from step 0 if none was saved yet)",
     "data": "rerun the same command: finished steps are skipped",
     "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
                  "continues from its last checkpoint",

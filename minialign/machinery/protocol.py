@@ -152,20 +152,39 @@ def holds_runs(out):
     return any(Path(out).glob("runs/*/config.json"))
 
 
-def save_protocol(out, protocol):
-    """Write out/protocol.json; if one exists and runs were made under it, it must describe
-    the same protocol (an `out` that holds no run may take another protocol)."""
-    path, saved = Path(out) / "protocol.json", dataclasses.asdict(protocol)
+def differences(old, new, prefix=""):
+    """The settings two saved protocols differ in, as "name (saved OLD, now NEW)" strings,
+    nested dicts by dotted name (base.steps, base.model.d_model); [] when equal."""
+    found = []
+    for key in sorted(set(old) | set(new), key=lambda k: (k not in new, k)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix.removeprefix('base.')}{key} (saved {a!r}, now {b!r})")
+    return found
+
+
+def check_protocol(out, protocol):
+    """Raises ValueError (one line naming the settings that differ) if out/protocol.json
+    exists, runs were made under it, and it describes another protocol; an `out` that holds
+    no run may take another protocol. Called before anything is timed or written."""
+    path, saved = Path(out) / "protocol.json", json.loads(json.dumps(dataclasses.asdict(protocol)))
     if path.exists() and holds_runs(out):
         old = read_json(path, "replicate protocol (protocol.json)")
         if isinstance(old.get("base"), dict):            # a protocol saved before #10
             old = {**old, "base": upgrade_config(old["base"])}
         old = {**OLD_PROTOCOL_DEFAULTS, **old}           # saved before the scaling sweep
-        if old != json.loads(json.dumps(saved)):
-            diff = [k for k in saved if json.loads(json.dumps(saved[k])) != old.get(k)]
-            raise ValueError(f"{out}: holds results of another protocol (differs in "
-                             f"{', '.join(diff)}); choose another output directory")
-    atomic_write_json(path, saved)
+        diff = differences(old, saved)
+        if diff:
+            raise ValueError(f"{out}: holds runs of other settings ({'; '.join(diff)}); rerun "
+                             f"with the saved settings or choose another --out")
+
+
+def save_protocol(out, protocol):
+    """Write out/protocol.json after check_protocol."""
+    check_protocol(out, protocol)
+    atomic_write_json(Path(out) / "protocol.json", dataclasses.asdict(protocol))
 
 
 # ---------------------------------------------------------------- the lr search

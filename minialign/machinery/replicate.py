@@ -40,8 +40,8 @@ from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_
                          sha256_file)
 from .files import DirLock, atomic_write_json
 from .machine import describe, use_cores
-from .protocol import (group_of, lr_search, planned_runs, run_config, run_name, save_protocol,
-                       seed_grid, selection_score)
+from .protocol import (check_protocol, group_of, lr_search, planned_runs, run_config, run_name,
+                       save_protocol, seed_grid, selection_score)
 from .rundir import Diverged, is_diverged, is_finished, read_metrics
 
 EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
@@ -264,7 +264,8 @@ def missing_embeddings_message(path, captions):
     return (f"{path} does not exist, and image alignment (mutual-kNN, R@1) needs these frozen "
             f"DINOv2 image embeddings (`make embeddings`, after `make data`). "
             f"{evaluate.how_to_export(path, captions)} Or train text-only now, explicitly: "
-            f"`make replicate IMAGE_EVAL=off` / `--image-eval off`; the image numbers are filled "
+            f"add IMAGE_EVAL=off to the make command (replicate, replicate-quick, eta, eta-quick) or "
+            f"pass `--image-eval off`; the image numbers are filled "
             f"in later without retraining (finished runs are skipped), or by `python -m minialign "
             f"evaluate --embeddings {path} --run DIR ...` and then `python -m minialign report OUT`.")
 
@@ -293,6 +294,7 @@ def run_replicate(protocol, args):
     results.md, results.json and figures; --dry-run: the estimate only, nothing written.
     Every input (flags, captions, embeddings, --jobs against memory) is read and checked
     before --out is touched."""
+    check_protocol(args.out, protocol)                        # before a minute of timing
     data = train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
     emb = load_image_embeddings(args)
     jobs, threads, per_run_mb = estimate.choose_jobs(protocol, args, data["tokenizer"].vocab_size)

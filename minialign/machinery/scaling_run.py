@@ -20,7 +20,8 @@ from ..objectives import OBJECTIVES
 from . import estimate, evaluate, jobs as jobs_, replicate, scaling_report
 from .flags import UniqueList, add_config_flags, config_from_args, nonnegative_int, positive_int
 from .machine import describe
-from .protocol import OBJECTIVE_ORDER, SEEDS, Protocol, run_config, run_name, seed_grid
+from .protocol import (OBJECTIVE_ORDER, SEEDS, Protocol, check_protocol, run_config, run_name,
+                       seed_grid)
 from .rundir import is_finished
 from .scaling import CENTER, DEPTHS, GRIDS, WIDTHS, count_params, size_config, sweep_sizes
 
@@ -155,6 +156,7 @@ def run_scaling(protocol, args):
     the sweep (replicate.replicate), then results.md, results.json and fig_scaling.png;
     --dry-run: the estimate only, nothing written. Every input (flags, captions, embeddings,
     --jobs against the largest size's memory) is checked before --out is touched."""
+    check_protocol(args.out, protocol)                        # before a minute of timing
     data = train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0],
                                     size=protocol.sizes[0]))
     vocab_size = data["tokenizer"].vocab_size
