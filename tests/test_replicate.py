@@ -153,7 +153,7 @@ def test_results_equal_numbers_recomputed_from_the_runs(grid):
         mk = saved["objectives"][obj]["mutual_knn"]
         assert f"{mk['mean']:.3f} ± {mk['std']:.3f}" in line
         assert ", ".join(f"{x:.3f}" for x in mk["values"]) in line
-        assert f"{report.PUBLISHED[obj]['mutual_knn']:.3f}" in line
+        assert line.split("|")[4].strip() == "-"     # synthetic embeddings: no published value
         search = saved["lr_search"][obj]
         assert search["chosen"] == grid["searches"][obj]["chosen"]
         lr_line = next(l for l in md.splitlines() if l.startswith(f"| {obj}, lr search ("))
@@ -166,7 +166,7 @@ def test_results_equal_numbers_recomputed_from_the_runs(grid):
         saved["objectives"]["good_views"]["mutual_knn"]["values"][s]
         - saved["objectives"]["next_token"]["mutual_knn"]["values"][s] for s in (0, 1)]
     assert f"good_views is higher on {sum(x > 0 for x in d['per_seed'])} of 2 seeds" in md
-    for text in ("numpy", "BLAS", "CPUs", "total wall time", "## Learning-rate search"):
+    for text in ("numpy", "BLAS", "CPUs", "runs at a time", "add up to", "## Learning-rate search"):
         assert text in md
 
 
