@@ -157,7 +157,7 @@ def test_results_equal_numbers_recomputed_from_the_runs(grid):
         search = saved["lr_search"][obj]
         assert search["chosen"] == grid["searches"][obj]["chosen"]
         lr_line = next(l for l in md.splitlines() if l.startswith(f"| {obj}, lr search ("))
-        assert f"{report.PUBLISHED[obj]['mutual_knn_lr_search']:.3f}" in lr_line
+        assert lr_line.split("|")[4].strip() == "-"
     chance = saved["chance"]
     assert chance["mutual_knn"] == pytest.approx(10 / 59) and chance["R@1"] == pytest.approx(1 / 60)
     assert f"| chance | {10 / 59:.3f} | | | {1 / 60:.3f} |" in md
@@ -166,7 +166,7 @@ def test_results_equal_numbers_recomputed_from_the_runs(grid):
         saved["objectives"]["good_views"]["mutual_knn"]["values"][s]
         - saved["objectives"]["next_token"]["mutual_knn"]["values"][s] for s in (0, 1)]
     assert f"good_views is higher on {sum(x > 0 for x in d['per_seed'])} of 2 seeds" in md
-    for text in ("numpy", "BLAS", "CPUs", "runs at a time", "add up to", "## Learning-rate search"):
+    for text in ("numpy", "BLAS", "CPUs", "run(s) at a time", "add up to", "## Learning-rate search"):
         assert text in md
 
 
