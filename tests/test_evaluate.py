@@ -150,6 +150,19 @@ def fake_embeddings(path, ids, dim=16, seed=1):
     return save_embeddings(path, ids, rng.standard_normal((len(ids), dim)), meta)
 
 
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_evaluate_gives_the_text_numbers_training_wrote(world, objective):
+    """One run, one number: training scores the float16 captions it saves, as evaluate does."""
+    run = world["runs"][objective]
+    metrics = json.loads((run / "metrics.json").read_text())
+    result = evaluate.evaluate_run(run, None, write=False)
+    by_step = {e["step"]: e for e in result["steps"]}
+    for entry in metrics["evals"]:
+        for split in ("val", "test"):
+            if split in entry:
+                assert by_step[entry["step"]][split]["text"] == entry[split]
+
+
 def test_photos_missing_a_slot_or_an_embedding_are_left_out_and_reported(tmp_path):
     ids = np.arange(100, 200, dtype=np.int64)                   # val 20, test 20, train 60
     run = fake_run(tmp_path / "run", ids)

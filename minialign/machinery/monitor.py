@@ -194,6 +194,9 @@ def evaluate(params, cfg, data, out, step, splits):
                               f"float16's range (saved as float16) or not finite")
         save_caption_embeddings(out, split, step, slots,
                                 data["captions"].image_ids[table.photo_idx])
+        # Score what was saved (float16): `evaluate` reads these files and gets the same numbers.
+        slots = {s: (photos, z.astype(np.float16).astype(np.float32))
+                 for s, (photos, z) in slots.items()}                     # (P_s,), (P_s, D)
         if split != "train":
             entry[split] = text_metrics(slots)
     return entry
