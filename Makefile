@@ -57,7 +57,7 @@ bench-torch:        ## minialign vs PyTorch eager on the same batch, A B A B (ne
 
 # ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
-# progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick, 20 in demo).
+# progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick, 10 in demo).
 # ANTICOLLAPSE=sigreg: every objective with LeJEPA's SIGReg in place of VICReg's variance +
 # covariance (--anticollapse), into its own results directory (the name ends in -sigreg).
 ANTICOLLAPSE ?= vicreg
@@ -111,7 +111,7 @@ demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr se
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign replicate \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
-	    --steps 100 --batch-photos 64 --warmup-steps 10 --eval-every 20 --lr 3.16e-3 \
+	    --steps 100 --batch-photos 64 --warmup-steps 10 --eval-every 10 --lr 3.16e-3 \
 	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4 \
 	    --anticollapse $(ANTICOLLAPSE)
 
