@@ -9,8 +9,11 @@
                     thread pool over row blocks); layers.py is their readable reference
   image side        embeddings (.npz format), export (DINOv2, optional torch), evaluate
   replication       protocol (grid, lr search), replicate, jobs (runs in parallel), estimate
-                    (the time a grid will take), slurm (job arrays), report + figures + speed
-                    ("aligns faster"), scaling (sweep sizes, the gap's trend), synthetic
+                    (the time a grid will take), slurm + slurm_runs (job arrays, the runs as
+                    tasks), report + figures + speed ("aligns faster") + baselines (untrained,
+                    ceiling) + compare (two directories side by side), synthetic
+  scaling sweep     scaling (sizes, parameters, the gap's trend), scaling_run (the command),
+                    scaling_report (results.md, fig_scaling)
   data and speed    coco + download + photos (`make data`), bench + gemms + bench_torch +
                     machine
 """
