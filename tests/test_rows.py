@@ -286,3 +286,20 @@ def test_run_inside_a_task_runs_inline(pool_threads):
 
     rows.run(task, 4)
     np.testing.assert_array_equal(out, np.arange(4)[:, None] * 10 + np.arange(3))
+
+
+@pytest.mark.parametrize("n_ids", (1, 3, 40))
+def test_scatter_add_rows_gives_np_add_at_bit_for_bit(n_ids):
+    """Ids read once, a few times (rounds) and more than SCATTER_ROUNDS times (one sum each),
+    ids never read, and a -0 row (np.add.at's zeros turn it into +0)."""
+    rng = np.random.default_rng(n_ids)
+    ids = rng.integers(0, n_ids, 300)                                     # some ids > 8 rows
+    ids[:5] = n_ids + np.arange(5)                                        # ids read once
+    dy = rng.standard_normal((300, 12)).astype(np.float32)
+    dy[0] = -0.0
+    expected = np.zeros((n_ids + 7, 12), np.float32)
+    np.add.at(expected, ids, dy)
+    got = fast_rows.scatter_add_rows(dy, ids, expected.shape)
+    assert np.bincount(ids).max() > fast_rows.SCATTER_ROUNDS or n_ids == 40
+    assert got.tobytes() == expected.tobytes()
+    assert fast_rows.scatter_add_rows(dy[:0], ids[:0], (3, 12)).tolist() == [[0.0] * 12] * 3
