@@ -10,6 +10,11 @@ block (or per rows.REDUCE_BLOCKS blocks), added in block order: the same bits fo
 threads. Constants are cast to the array's dtype first (_const), so float32 arrays never meet a
 float64 scalar (NumPy 2 would run the float64 loop and round back) and float64 gradient checks
 keep their full-precision constants.
+
+Two rewrites of the reference's arithmetic, each measured on float32 (6694, 256-1024) rows:
+sums along a row or down a block's columns are GEMVs with a ones vector (BLAS: ~3x faster
+than np.sum over a short axis), and GELU's tanh is a logistic sigmoid of 2u (np.exp costs ~60%
+of np.tanh). Both round differently from layers.py, within a few float32 ulps (tested).
 """
 import numpy as np
 
