@@ -146,10 +146,10 @@ def _interrupt_once(signum, frame):
 def _child(target, args, threads, log_path, cores):
     """The body of a spawned child: output to log_path (appended; None: the parent's
     terminal), `threads` cores, then as many as the shared integer `cores` says (rows.follow;
-    threads None: numpy's default, not followed), SIGINT once, then target(*args). Exit
-    code: target's return
-    value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C, 2 after OSError / ValueError (its
-    message on the log's last line), 1 after anything else (traceback in the log)."""
+    threads None: numpy's default, not followed), SIGINT once, then target(*args). Exit code:
+    target's return value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C, 2 after OSError /
+    ValueError (its message on the log's last line), 1 after anything else (traceback in the
+    log)."""
     signal.signal(signal.SIGINT, _interrupt_once)
     keep_freed_memory()                        # as python -m minialign does (machine.py)
     if log_path is not None:

@@ -109,8 +109,9 @@ def run(task, n_items):
     Called from inside a task, runs on the calling thread alone (no deadlock on the pool).
     A top-level call first takes the size a follow()ed shared integer holds."""
     nested = threading.current_thread().name.startswith(POOL_NAME)      # a task's own run()
-    if _FOLLOW is not None and not nested and _FOLLOW.value >= 1 and _FOLLOW.value != _THREADS:
-        set_threads(int(_FOLLOW.value))                                   # between operations
+    wanted = _FOLLOW.value if _FOLLOW is not None and not nested else 0   # read once
+    if wanted >= 1 and wanted != _THREADS:
+        set_threads(int(wanted))                                          # between operations
     get, set_ = openblas("get_num_threads"), openblas("set_num_threads")
     blas = get() if get is not None and set_ is not None else 1
     if blas != 1:
