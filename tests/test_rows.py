@@ -329,3 +329,12 @@ def test_a_followed_pool_takes_its_new_size_between_operations(pool_threads):
         assert sizes[6:] == [3]
     finally:
         rows.follow(None)
+
+
+def test_workers_take_the_callers_errstate(pool_threads):
+    """train_step's np.errstate(over="ignore") holds inside the pool's worker threads too."""
+    pool_threads(2)
+    seen = []
+    with np.errstate(over="ignore", invalid="raise"):
+        rows.run(lambda i: seen.append((np.geterr()["over"], np.geterr()["invalid"])), 4)
+    assert seen == [("ignore", "raise")] * 4

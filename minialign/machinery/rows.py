@@ -124,20 +124,22 @@ def run(task, n_items):
 
 
 def _run(task, n_items, k):
-    """run's work on k threads, BLAS already on one."""
+    """run's work on k threads, BLAS already on one. The workers take the caller's
+    np.errstate (a thread's own setting: train_step's over="ignore" holds for its tasks too)."""
     if k <= 1:
         for i in range(n_items):
             task(i)
         return
-    counter, lock = itertools.count(), threading.Lock()
+    counter, lock, errors = itertools.count(), threading.Lock(), np.geterr()
 
     def worker():
-        while True:
-            with lock:
-                i = next(counter)
-            if i >= n_items:
-                return
-            task(i)
+        with np.errstate(**errors):
+            while True:
+                with lock:
+                    i = next(counter)
+                if i >= n_items:
+                    return
+                task(i)
 
     futures = [_executor().submit(worker) for _ in range(k - 1)]
     try:
