@@ -1,15 +1,18 @@
 """Tests of jobs.py, estimate.py and replicate --jobs: the grid's time on N slots, the memory
 estimate and refusal, the default N, which runs may start (the lr search's extensions wait for
-the runs they depend on), and end to end on a tiny SYNTHETIC grid: --jobs 2 gives the numbers
-of --jobs 1 at the same --threads, also after a Ctrl-C and a rerun.
+the runs they depend on), how the cores are split among the runs in progress (rebalance), and
+end to end on a tiny SYNTHETIC grid: --jobs 2 (its runs' core counts changing as runs start
+and end) gives the numbers of --jobs 1 --threads 1, also after a Ctrl-C and a rerun.
 """
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -122,6 +125,27 @@ def test_wait_any_on_no_process_returns_at_once():
 def test_threads_per_run():
     assert [jobs.threads_per_run(n, 2) for n in (1, 2, 3)] == [2, 1, 1]
     assert jobs.threads_per_run(3, 8) == 2
+
+
+@pytest.mark.parametrize("running, cores, expected", [
+    (0, 2, []),
+    (1, 2, [2]),                     # the last lone run gets every core
+    (2, 2, [1, 1]),
+    (3, 2, [1, 1, 1]),               # more runs than cores: one each, never 0
+    (3, 5, [2, 2, 1]),               # the remainder to the oldest
+    (2, 7, [4, 3]),
+])
+def test_split_cores_by_hand(running, cores, expected):
+    assert jobs.split_cores(running, cores) == expected
+
+
+def test_rebalance_writes_each_childs_shared_count():
+    """Runs start at 1 core each; the oldest finishes; the one left gets both cores."""
+    ctx = multiprocessing.get_context("spawn")
+    a, b = (SimpleNamespace(cores=ctx.Value("i", 1)) for _ in range(2))
+    assert jobs.rebalance([a, b], 2) == [1, 1] and (a.cores.value, b.cores.value) == (1, 1)
+    assert jobs.rebalance([b], 2) == [2] and b.cores.value == 2
+    assert jobs.rebalance([a, b], 5) == [3, 2] and (a.cores.value, b.cores.value) == (3, 2)
 
 
 # ---------------------------------------------------------------- which runs may start

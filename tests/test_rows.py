@@ -3,6 +3,7 @@
 the same bits on 1, 2 or 3 threads, and no float64 scalar or array inside a float32 step."""
 import ast
 import inspect
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -138,10 +139,12 @@ def test_use_cores_sizes_the_pool_whose_gemms_run_on_one_blas_thread(pool_thread
     seen = []
     try:
         machine.use_cores(2)
-        assert rows.threads() == 2 and machine.blas_threads() == min(2, machine.available_cores())
+        assert rows.threads() == 2 and machine.blas_threads() == 1   # outside the pool too
         rows.run(lambda i: seen.append(machine.blas_threads()), 3)
         assert seen == [1, 1, 1]
-        assert machine.blas_threads() == min(2, machine.available_cores())   # restored
+        with machine.blas_on(2):                          # bench's peak and replayed GEMMs
+            assert machine.blas_threads() == min(2, machine.available_cores())
+        assert machine.blas_threads() == 1                # restored
     finally:
         machine.use_cores(before)
 
@@ -165,7 +168,7 @@ def test_training_step_bit_identical_for_any_thread_count(objective, pool_thread
     cfg = TrainConfig(objective=objective, model=TINY)
     outputs = []
     for k in (1, 2, 3):
-        pool_threads(k)
+        machine.use_cores(k)                              # the pool's size; BLAS stays at 1
         params = init_params(TINY, np.random.default_rng(0))
         loss, _, norm = train_step(params, adam_init(params), tiny_batch(np.random.default_rng(1)),
                                    cfg, 1e-3, np.random.default_rng(2))
@@ -286,3 +289,52 @@ def test_run_inside_a_task_runs_inline(pool_threads):
 
     rows.run(task, 4)
     np.testing.assert_array_equal(out, np.arange(4)[:, None] * 10 + np.arange(3))
+
+
+@pytest.mark.parametrize("n_ids", (1, 3, 40))
+def test_scatter_add_rows_gives_np_add_at_bit_for_bit(n_ids):
+    """Ids read once, a few times (rounds) and more than SCATTER_ROUNDS times (one sum each),
+    ids never read, and a -0 row (np.add.at's zeros turn it into +0)."""
+    rng = np.random.default_rng(n_ids)
+    ids = rng.integers(0, n_ids, 300)                                     # some ids > 8 rows
+    ids[:5] = n_ids + np.arange(5)                                        # ids read once
+    dy = rng.standard_normal((300, 12)).astype(np.float32)
+    dy[0] = -0.0
+    expected = np.zeros((n_ids + 7, 12), np.float32)
+    np.add.at(expected, ids, dy)
+    got = fast_rows.scatter_add_rows(dy, ids, expected.shape)
+    assert np.bincount(ids).max() > fast_rows.SCATTER_ROUNDS or n_ids == 40
+    assert got.tobytes() == expected.tobytes()
+    assert fast_rows.scatter_add_rows(dy[:0], ids[:0], (3, 12)).tolist() == [[0.0] * 12] * 3
+
+
+def test_a_followed_pool_takes_its_new_size_between_operations(pool_threads):
+    """rows.follow: the size is re-read at a top-level run's entry, never inside one."""
+    shared = multiprocessing.get_context("spawn").Value("i", 1)
+    sizes = []
+
+    def task(i):
+        shared.value = 3                                  # the parent rebalances meanwhile
+        sizes.append(rows.threads())
+
+    try:
+        pool_threads(2)
+        rows.follow(shared)
+        rows.run(task, 4)
+        assert sizes == [1, 1, 1, 1]                      # taken at entry, kept to the end
+        rows.run(lambda i: sizes.append(rows.threads()), 2)
+        assert sizes[4:] == [3, 3]
+        shared.value = 0                                  # 0: keep the current size
+        rows.run(lambda i: sizes.append(rows.threads()), 1)
+        assert sizes[6:] == [3]
+    finally:
+        rows.follow(None)
+
+
+def test_workers_take_the_callers_errstate(pool_threads):
+    """train_step's np.errstate(over="ignore") holds inside the pool's worker threads too."""
+    pool_threads(2)
+    seen = []
+    with np.errstate(over="ignore", invalid="raise"):
+        rows.run(lambda i: seen.append((np.geterr()["over"], np.geterr()["invalid"])), 4)
+    assert seen == [("ignore", "raise")] * 4

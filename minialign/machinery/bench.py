@@ -34,7 +34,7 @@ from ..optim import adam_init
 from ..tokenizer import PAD, SPECIALS
 from ..train import prepare, train_step
 from .gemms import attention_grids, replay_gemms, step_gemms
-from .machine import OPENBLAS_ENV, cores, describe
+from .machine import OPENBLAS_ENV, blas_on, cores, describe
 
 DEFAULT_CAPTIONS = Path(__file__).resolve().parents[3] / "shared" / "coco" / "captions_val2017.json"
 WARMUP_STEPS = 2      # untimed steps first: page faults, BLAS thread start-up
@@ -142,11 +142,13 @@ def measure(name, cfg, batch, args):
     counts = token_counts(name, encoded_tokens(name, batch))
     gemms = step_gemms(counts["lengths"], cfg.model, counts["n_targets"])
     flops = sum(g.flops for g in gemms)
-    peak = gemm_peak_gflops(cfg.model, rows=args.gemm_rows, square=args.gemm_square)
+    with blas_on(cores()):                                # the peak on every core
+        peak = gemm_peak_gflops(cfg.model, rows=args.gemm_rows, square=args.gemm_square)
     params = init_params(cfg.model, rng_init)
     seconds = time_steps(name, cfg, batch, params, rng_mask, args.warmup, args.timed_steps)
     rss = peak_rss_mb()
-    replay = replay_gemms(gemms, np.random.default_rng(0), repeats=args.timed_steps)
+    with blas_on(cores()):                                # as the pool's blocks: every core
+        replay = replay_gemms(gemms, np.random.default_rng(0), repeats=args.timed_steps)
     median, gemm = statistics.median(seconds), statistics.median(replay)
     return {"objective": name, "ms_per_step": 1000 * median, "gflop_per_step": flops / 1e9,
             "gflops": flops / median / 1e9, "peak_gflops": peak,

@@ -8,6 +8,12 @@ a subprocess `python -m minialign train` would have to turn every TrainConfig fi
 flags. A spawned child gets the exact TrainConfig (pickled), sets its own BLAS threads
 (machine.use_cores), and its peak memory is its own.
 
+Cores follow the runs: each child's core count is a shared integer (multiprocessing.Value) the
+parent rewrites whenever a child starts or finishes (rebalance: cores // running each, the
+remainder to the oldest), and the child's row pool reads it between operations (rows.follow),
+so the last run of a grid computes on every core. A run's numbers do not depend on its core
+count (machine.use_cores keeps BLAS on one thread; the pool's sums are per fixed block).
+
 Ctrl-C: the terminal sends SIGINT to every process of the group. A child is started with
 SIGINT blocked (a Ctrl-C during its start-up waits), then takes the first SIGINT as
 KeyboardInterrupt and ignores any later one, so its clean-up (the run directory's lock,
@@ -23,6 +29,7 @@ import time
 from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 
+from . import rows
 from .machine import available_cores, keep_freed_memory, use_cores
 
 EXIT_INTERRUPTED = 130     # a child stopped by Ctrl-C (as `python -m minialign`)
@@ -96,6 +103,26 @@ def threads_per_run(jobs, cores=None):
     return max(1, (cores or available_cores()) // jobs)
 
 
+def split_cores(running, cores):
+    """Cores for each of `running` runs in start order (oldest first), `cores` in all:
+    cores // running each, the remainder one more each to the oldest, at least 1 each.
+    E.g. 2 cores: [2], [1, 1], [1, 1, 1]; 5 cores, 3 runs: [2, 2, 1]."""
+    if running == 0:
+        return []
+    share, extra = divmod(cores, running)
+    return [max(1, share + (i < extra)) for i in range(running)]
+
+
+def rebalance(running, cores):
+    """Give the children `running` (processes from start(), oldest first) split_cores's
+    shares of `cores`: each child's row pool takes its new size at its next operation.
+    Called whenever a child starts or finishes. Returns the shares."""
+    shares = split_cores(len(running), cores)
+    for process, k in zip(running, shares):
+        process.cores.value = k
+    return shares
+
+
 # ---------------------------------------------------------------- time
 def makespan(durations, slots, busy=()):
     """Seconds until `durations` (run lengths, s, in the order they start) are done on `slots`
@@ -116,11 +143,13 @@ def _interrupt_once(signum, frame):
     raise KeyboardInterrupt
 
 
-def _child(target, args, threads, log_path):
+def _child(target, args, threads, log_path, cores):
     """The body of a spawned child: output to log_path (appended; None: the parent's
-    terminal), `threads` cores, SIGINT once, then target(*args). Exit code: target's return
-    value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C, 2 after OSError / ValueError (its
-    message on the log's last line), 1 after anything else (traceback in the log)."""
+    terminal), `threads` cores, then as many as the shared integer `cores` says (rows.follow;
+    threads None: numpy's default, not followed), SIGINT once, then target(*args). Exit code:
+    target's return value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C, 2 after OSError /
+    ValueError (its message on the log's last line), 1 after anything else (traceback in the
+    log)."""
     signal.signal(signal.SIGINT, _interrupt_once)
     keep_freed_memory()                        # as python -m minialign does (machine.py)
     if log_path is not None:
@@ -131,6 +160,7 @@ def _child(target, args, threads, log_path):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending Ctrl-C: now
         if threads is not None:                 # None: numpy's own default (OPENBLAS_*)
             use_cores(threads)
+            rows.follow(cores)                  # the parent's rebalance, between operations
         code = target(*args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
@@ -145,14 +175,19 @@ def _child(target, args, threads, log_path):
 def start(target, args, threads, log_path, started):
     """Start target(*args) in a spawned child on `threads` cores (None: numpy's default, as
     the environment's OPENBLAS_NUM_THREADS says), append its multiprocessing.Process to the
-    list `started` and return it. target: a module-level function (the child imports it).
+    list `started` and return it; its `cores` attribute is the shared integer the child's
+    core count follows (rebalance writes it). target: a module-level function (the child
+    imports it).
     SIGINT is blocked here until the child is in `started`, so a Ctrl-C at that moment
     reaches a parent that knows every child it must stop (stop_all(started))."""
-    process = multiprocessing.get_context("spawn").Process(
-        target=_child, args=(target, args, threads, log_path), daemon=False)
+    context = multiprocessing.get_context("spawn")
+    cores = context.Value("i", threads or 0)                             # 0: not followed
+    process = context.Process(target=_child, args=(target, args, threads, log_path, cores),
+                              daemon=False)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})     # inherited by the child
     try:
         process.start()
+        process.cores = cores
         started.append(process)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)

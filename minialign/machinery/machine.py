@@ -4,6 +4,7 @@ printed by bench above its table; and keep_freed_memory, the process-level tweak
 point (python -m minialign, bench's children) makes."""
 import ctypes
 import os
+from contextlib import contextmanager
 import platform
 from pathlib import Path
 
@@ -66,17 +67,38 @@ def blas_threads():
     return None if getter is None else int(getter())
 
 
+BLAS_THREADS = 1   # numpy's BLAS threads after use_cores: one; the row pool holds the cores
+
+
 def use_cores(n):
     """This process computes on n >= 1 cores: the fast path's row pool (rows.py) runs n
-    threads, and numpy's BLAS n threads (OpenBLAS, through its own openblas_set_num_threads;
-    other BLAS libraries keep their setting) for the GEMMs outside the pool; the pool's own
-    GEMMs run one BLAS thread each (rows.run). Returns True when the BLAS setting took effect.
-    Raises ValueError for n < 1."""
+    threads, and numpy's BLAS one thread (OpenBLAS, through its own openblas_set_num_threads;
+    other BLAS libraries keep their setting), inside the pool and outside it: OpenBLAS's
+    threaded products round differently from its one-thread ones, so with BLAS fixed the
+    numbers of a run (training, evaluation) do not depend on n, and n may change while it
+    runs (rows.follow). Products outside the pool (VICReg's covariance, the evaluation's
+    similarities and rotation fit) are small beside a step's. Returns True when the BLAS
+    setting took effect. Raises ValueError for n < 1."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"use_cores: n={n!r} must be an integer >= 1")
     rows.set_threads(n)
     setter = _openblas("set_num_threads")
     if setter is None:
         return False
-    setter(ctypes.c_int(n))
+    setter(ctypes.c_int(BLAS_THREADS))
     return True
+
+
+@contextmanager
+def blas_on(n):
+    """Run the body with numpy's OpenBLAS on n threads, then restore its setting: bench's
+    peak and replayed GEMMs, timed on every core like the pool's row blocks."""
+    getter, setter = _openblas("get_num_threads"), _openblas("set_num_threads")
+    before = None if getter is None or setter is None else int(getter())
+    if before is not None:
+        setter(ctypes.c_int(n))
+    try:
+        yield
+    finally:
+        if before is not None:
+            setter(ctypes.c_int(before))

@@ -197,6 +197,7 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
                 process, cfg = running.pop(name)
                 finish_child(out, name, process.exitcode, tally, jobs, cfg.steps)
                 handled.add(name)
+            jobs_.rebalance([p for p, _ in running.values()], threads * jobs)   # freed cores
     finally:
         jobs_.stop_all(children)                  # those still running: SIGINT, then wait
     searches = {}
@@ -229,8 +230,10 @@ def start_child(out, cfg, emb, threads, tally, jobs, children):
     print(f"[replicate] start {tally['done'] + len(tally['running']) + 1}/{tally['total']}: "
           f"{run_dir.name} ({threads} thread(s), output in {child_log(out, run_dir.name)}) | "
           f"{eta_line(tally, cfg.steps, jobs, busy)}", flush=True)
-    return jobs_.start(train_and_score, (cfg, run_dir, emb, False), threads,
-                       child_log(out, run_dir.name), children)
+    process = jobs_.start(train_and_score, (cfg, run_dir, emb, False), threads,
+                          child_log(out, run_dir.name), children)
+    jobs_.rebalance([p for p in children if p.exitcode is None], threads * jobs)
+    return process
 
 
 def finish_child(out, name, exitcode, tally, jobs, steps):

@@ -14,7 +14,13 @@ rows compute in parallel. Two rules make the result independent of the number of
 GEMMs split this way run on one BLAS thread each: run() sets numpy's OpenBLAS to one thread
 while the pool works and back afterwards, so BLAS's workers do not fight the pool's threads for
 the same cores (measured: a good_views step with 2-thread OpenBLAS called from 2 pool threads
-took 3-5x as long as with 1), while GEMMs outside the pool keep machine.use_cores's threads.
+took 3-5x as long as with 1). machine.use_cores keeps BLAS on one thread outside the pool too:
+OpenBLAS's threaded sgemm rounds differently from its one-thread sgemm (even a (512, 256)^T
+(512, 256) product), so the pool is the only thing a core count changes, and it changes no bit.
+
+The pool's size may change while a process runs (jobs.py: a run gets the cores another run
+freed): follow(shared) makes the size be re-read from a shared integer at the entry of every
+top-level run(), that is between two operations, never inside one.
 
 ROW_BLOCK: 64 rows. The widest per-token activation is the MLP's (n, F = 4 D = 1024) float32:
 64 rows of it are 256 KB, so a GELU chain's three such blocks (input, tanh, output; 768 KB)
@@ -40,6 +46,7 @@ POOL_NAME = "minialign-rows"   # the workers' thread name prefix
 _THREADS = None     # threads the pool runs, set by set_threads (machine.use_cores); None: all
 _EXECUTOR = None    # (threads, ThreadPoolExecutor of threads - 1 workers), made on first use
 _BLAS = {}          # OpenBLAS function name -> ctypes function or None, found once (openblas)
+_FOLLOW = None      # a shared integer the pool's size is re-read from (follow), or None
 
 
 def available_cores():
@@ -77,6 +84,14 @@ def set_threads(k):
     _THREADS = k
 
 
+def follow(shared):
+    """From now on, the pool runs shared.value threads (a multiprocessing.Value("i") another
+    process may change; 0 or less: keep the current size), re-read at the entry of every
+    top-level run(), so a change applies between operations. None: stop following."""
+    global _FOLLOW
+    _FOLLOW = shared
+
+
 def threads():
     """Threads the pool runs: set_threads's k, else available_cores()."""
     return _THREADS or available_cores()
@@ -91,13 +106,17 @@ def run(task, n_items):
     """task(i) for i in range(n_items), spread over threads() threads; returns when all are
     done, re-raising the first exception of any task. Items are claimed one at a time, so a
     thread slowed by another process takes fewer. task must write only its own outputs.
-    Called from inside a task, runs on the calling thread alone (no deadlock on the pool)."""
+    Called from inside a task, runs on the calling thread alone (no deadlock on the pool).
+    A top-level call first takes the size a follow()ed shared integer holds."""
+    nested = threading.current_thread().name.startswith(POOL_NAME)      # a task's own run()
+    wanted = _FOLLOW.value if _FOLLOW is not None and not nested else 0   # read once
+    if wanted >= 1 and wanted != _THREADS:
+        set_threads(int(wanted))                                          # between operations
     get, set_ = openblas("get_num_threads"), openblas("set_num_threads")
     blas = get() if get is not None and set_ is not None else 1
     if blas != 1:
         set_(ctypes.c_int(1))
     try:
-        nested = threading.current_thread().name.startswith(POOL_NAME)   # a task's own run()
         _run(task, n_items, 1 if nested else min(threads(), n_items))
     finally:
         if blas != 1:
@@ -105,20 +124,22 @@ def run(task, n_items):
 
 
 def _run(task, n_items, k):
-    """run's work on k threads, BLAS already on one."""
+    """run's work on k threads, BLAS already on one. The workers take the caller's
+    np.errstate (a thread's own setting: train_step's over="ignore" holds for its tasks too)."""
     if k <= 1:
         for i in range(n_items):
             task(i)
         return
-    counter, lock = itertools.count(), threading.Lock()
+    counter, lock, errors = itertools.count(), threading.Lock(), np.geterr()
 
     def worker():
-        while True:
-            with lock:
-                i = next(counter)
-            if i >= n_items:
-                return
-            task(i)
+        with np.errstate(**errors):
+            while True:
+                with lock:
+                    i = next(counter)
+                if i >= n_items:
+                    return
+                task(i)
 
     futures = [_executor().submit(worker) for _ in range(k - 1)]
     try:
