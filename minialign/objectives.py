@@ -30,9 +30,9 @@ import numpy as np
 
 from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT,
                      sigreg_directions, sigreg_loss, vicreg_loss)
-# losses.cross_entropy fused over row blocks, in place (the same loss and dlogits, tested)
-from .machinery.fast_layers import cross_entropy_fast
-from .model import encode, encode_backward, lm_head_backward, lm_head_forward
+# the tied head and losses.cross_entropy fused over row chunks (the same bits as the three calls, tested)
+from .machinery.fast_layers import tied_head_cross_entropy_fast
+from .model import encode, encode_backward
 from .tokenizer import MASK, PAD, SPECIALS
 
 
@@ -114,9 +114,10 @@ def next_token(params, batch, cfg, rng):
     loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng,  # <- no invariance,
                                           sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
-    logits, c_head = lm_head_forward(hf[has_target], params["tok_emb"])   # <- (n_t, V)
-    ce_loss, dlogits, ce_stats = cross_entropy_fast(logits, targets[has_target])  # <- in place
-    dh_real, dtok_emb = lm_head_backward(dlogits, c_head)                 # <- (n_t, D), (V, D)
+    # <- tied head -> cross-entropy -> head backward (model.lm_head_forward, losses.cross_entropy,
+    # <- model.lm_head_backward), fused over row chunks: all (n_t, V) logits never exist at once
+    ce_loss, dh_real, dtok_emb, ce_stats = tied_head_cross_entropy_fast(  # <- (n_t, D), (V, D)
+        hf[has_target], params["tok_emb"], targets[has_target])           # <-
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
     dhf[has_target] = dh_real                                             # <- no gradient
     grads = encode_backward(np.concatenate([dz_a, dz_b]), dhf, cache)  # <-
