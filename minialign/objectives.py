@@ -30,7 +30,7 @@ import numpy as np
 
 from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT,
                      sigreg_directions, sigreg_loss, vicreg_loss)
-# the tied head and losses.cross_entropy fused over row chunks (the same bits as the three calls, tested)
+# the tied head + losses.cross_entropy, fused over row chunks (same bits as the 3 calls, tested)
 from .machinery.fast_layers import tied_head_cross_entropy_fast
 from .model import encode, encode_backward
 from .tokenizer import MASK, PAD, SPECIALS
