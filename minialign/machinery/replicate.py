@@ -245,11 +245,11 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
     if exitcode not in (0, EXIT_DIVERGED):
         how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
         raise OSError(f"{name}: the run's process failed ({how}): "
-                           f"{jobs_.log_tail(log) or 'no output'} (all of it: {log})")
+                      f"{jobs_.log_tail(log) or 'no output'} (all of it: {log})")
     record_finished(Path(out) / "runs" / name, tally)
     state = "diverged, not retried" if exitcode == EXIT_DIVERGED else "finished"
-    print(f"[replicate] {state}: {name} | {eta_line(tally, steps, jobs, estimate.busy_seconds(out, tally))}",
-          flush=True)
+    busy = estimate.busy_seconds(out, tally)
+    print(f"[replicate] {state}: {name} | {eta_line(tally, steps, jobs, busy)}", flush=True)
 
 
 
@@ -265,12 +265,12 @@ def needs_evaluation(run_dir, emb):
 def missing_embeddings_message(path, captions):
     """Why replicate stops before training when the embeddings file is absent, and what to do."""
     return (f"{path} does not exist, and image alignment (mutual-kNN, R@1) needs these frozen "
-            f"DINOv2 image embeddings (`make embeddings`, after `make data`). "
-            f"{evaluate.how_to_export(path, captions)} Or train text-only now, explicitly: "
-            f"add IMAGE_EVAL=off to the make command (replicate, replicate-quick, eta, eta-quick) or "
-            f"pass `--image-eval off`; the image numbers are filled "
-            f"in later without retraining (finished runs are skipped), or by `python -m minialign "
-            f"evaluate --embeddings {path} --run DIR ...` and then `python -m minialign report OUT`.")
+            f"DINOv2 image embeddings. {evaluate.how_to_export(path, captions)} Or train "
+            f"text-only now, explicitly: add IMAGE_EVAL=off to the make command (replicate, "
+            f"replicate-quick, eta, eta-quick) or pass `--image-eval off`; the image numbers are "
+            f"filled in later without retraining (finished runs are skipped), or by `python -m "
+            f"minialign evaluate --embeddings {path} --run DIR ...` and then `python -m "
+            f"minialign report OUT`.")
 
 
 def load_image_embeddings(args):
