@@ -14,7 +14,7 @@ from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from . import (bench, coco, compare, evaluate, export, replicate, report, scaling_report,
                scaling_run, slurm_runs, synthetic)
-from .machine import use_cores
+from .machine import available_cores, use_cores
 from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
                     positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
@@ -72,10 +72,14 @@ def add_threads_arg(p):
                    help="cores this process computes on, >= 1 (default: every core it may use)")
 
 
+COMPUTING = ("train", "evaluate", "replicate", "scaling", "report")   # use_threads before they run
+
+
 def use_threads(args):
-    """--threads N: machine.use_cores(N) before any work; unset: numpy's own default."""
-    if args.threads is not None:
-        use_cores(args.threads)
+    """--threads N: machine.use_cores(N) before any work; unset (or a command without the
+    flag): every core (machine.available_cores). Either way numpy's BLAS stays on one thread,
+    so no number depends on how many cores computed it (README, Performance)."""
+    use_cores(getattr(args, "threads", None) or available_cores())
 
 
 def run_train(args):
@@ -329,6 +333,8 @@ def main(argv=None):
     """Parse, run the command; returns the exit code (0, 2 bad input, 3 diverged, 130 Ctrl-C)."""
     args = parser().parse_args(argv)
     try:
+        if args.command in COMPUTING:
+            use_threads(args)
         COMMANDS[args.command][2](args)
     except Diverged as e:                            # the run's own outcome, recorded on disk
         print(f"minialign {args.command}: diverged: {e}", file=sys.stderr)
