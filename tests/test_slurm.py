@@ -271,3 +271,16 @@ def test_real_slurm_grid_gives_the_report_of_jobs_2(world, tmp_path):
         f"{job}_{i}.log" for i in range(4)]
     finished = run_cli(grid_argv(world, out, "--slurm", "--submit"))
     assert "nothing missing" in finished and slurm.arrays(out) == [1]
+
+
+@pytest.mark.skipif(NO_SLURM is not None, reason=f"no Slurm here: {NO_SLURM}; {START_HINT}")
+def test_real_slurm_sweep_gives_the_report_of_jobs_2(world, tmp_path):
+    captions, embeddings = world
+    sweep = ["scaling", "--captions", str(captions), "--embeddings", str(embeddings),
+             "--widths", "8", "16", "--depths", "1", "--grid", "cross", "--objectives",
+             "good_views", "next_token", "--seeds", "0", "--steps", "6", "--batch-photos", "16",
+             "--warmup-steps", "2", "--eval-every", "3"]
+    run_cli(sweep + ["--out", str(tmp_path / "local"), "--jobs", "2", "--no-estimate"])
+    run_cli(sweep + ["--out", str(tmp_path / "slurm"), "--slurm", "--wait"])
+    assert numbers(tmp_path / "slurm") == numbers(tmp_path / "local")
+    assert len(slurm.read_manifest(tmp_path / "slurm" / "slurm" / "manifest-1.tsv")) == 4
