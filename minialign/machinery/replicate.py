@@ -64,6 +64,8 @@ def eta_line(tally, steps, jobs=1, busy=()):
     seconds = jobs_.makespan([steps * rates.get(group_of(name), fallback)
                               for name in waiting], jobs, busy)
     measured = ", ".join(f"{obj} {s:.2f}" for obj, s in rates.items())
+    if len(rates) > 3:                                    # a sweep: one range, not every size
+        measured = f"{min(rates.values()):.2f}-{max(rates.values()):.2f} over {len(rates)} groups"
     return f"{line}, ETA {estimate.hours(seconds)} (measured s/step incl. evaluation: {measured})"
 
 
