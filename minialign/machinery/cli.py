@@ -15,8 +15,8 @@ from ..train import TrainConfig, train
 from . import (bench, coco, compare, evaluate, export, replicate, report, scaling_report,
                scaling_run, slurm_runs, synthetic)
 from .machine import available_cores, use_cores
-from .flags import (UniqueList, add_config_flags, config_from_args, nonnegative_int,
-                    positive_float, positive_int)
+from .flags import (UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
+                    nonnegative_int, positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
                        Protocol, holds_runs, load_protocol)
 from .rundir import Diverged
@@ -112,16 +112,7 @@ def add_replicate_args(p):
                    help="search grid points per factor of 10, >= 1")
     p.add_argument("--max-extensions", type=nonnegative_int, default=MAX_EXTENSIONS,
                    help="grid points the search may add beyond an edge, >= 0")
-    p.add_argument("--jobs", type=positive_int, default=None,
-                   help="runs at once, each in its own process, >= 1 (default: one per core, "
-                        "as many as fit in memory; refused if they would not fit)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="cores each run computes on, >= 1 (default: cores // --jobs)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="time a few steps of each objective at --jobs, print the plan and how "
-                        "long the grid will take, write nothing")
-    p.add_argument("--no-estimate", action="store_true",
-                   help="start at once, without timing the grid first")
+    add_grid_run_flags(p, "grid", "as many as fit in memory")
     slurm_runs.add_slurm_args(p)
 
 

@@ -162,3 +162,18 @@ def config_from_args(args, base, **fixed):
     loss = dataclasses.replace(base.loss, **{k: v for k, v in given.items() if k in LOSS_FIELDS})
     top = {k: v for k, v in given.items() if k not in MODEL_FIELDS + LOSS_FIELDS}
     return dataclasses.replace(base, model=model, loss=loss, **top, **fixed)
+
+
+def add_grid_run_flags(p, what, fit):
+    """--jobs, --threads, --dry-run, --no-estimate: how a grid of runs (`what`: "grid" for
+    replicate, "sweep" for scaling) runs here. fit: what --jobs' default fits in memory."""
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help=f"runs at once, each in its own process, >= 1 (default: one per core, "
+                        f"{fit}; refused if they would not fit)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="cores each run computes on, >= 1 (default: cores // --jobs)")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"time a few steps of each objective (at each size) at --jobs, print the "
+                        f"plan and how long the {what} will take, write nothing")
+    p.add_argument("--no-estimate", action="store_true",
+                   help=f"start at once, without timing the {what} first")

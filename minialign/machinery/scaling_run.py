@@ -18,7 +18,8 @@ from pathlib import Path
 from .. import train
 from ..objectives import OBJECTIVES
 from . import estimate, evaluate, jobs as jobs_, replicate, scaling_report
-from .flags import UniqueList, add_config_flags, config_from_args, nonnegative_int, positive_int
+from .flags import (UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
+                    nonnegative_int, positive_int)
 from .machine import describe
 from .protocol import (OBJECTIVE_ORDER, SEEDS, Protocol, check_protocol, run_config, run_name,
                        seed_grid)
@@ -57,16 +58,7 @@ def add_scaling_args(p):
     p.add_argument("--seeds", nargs="+", type=nonnegative_int, default=list(SEEDS),
                    action=UniqueList, help="seeds, each once, >= 0")
     add_config_flags(p, FIELDS, train.TrainConfig())
-    p.add_argument("--jobs", type=positive_int, default=None,
-                   help="runs at once, each in its own process, >= 1 (default: one per core, "
-                        "as many runs of the largest size as fit in memory)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="cores each run computes on, >= 1 (default: cores // --jobs)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="time a few steps of each objective at each size at --jobs, print the "
-                        "plan and how long the sweep takes here and on a cluster; write nothing")
-    p.add_argument("--no-estimate", action="store_true",
-                   help="start at once, without timing the sweep first")
+    add_grid_run_flags(p, "sweep", "as many runs of the largest size as fit in memory")
 
 
 def protocol_from_args(args):
