@@ -32,6 +32,14 @@ FLOAT32_TOL = 2e-5
 FLOAT64_TOL = 1e-12  # the same maths in float64: only the order of additions differs
 
 
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Element-wise blocks of ROW_BLOCK rows at these tests' width D = 12 (block_rows reads
+    BLOCK_ELEMENTS at the call), so the row counts above span several blocks at every width,
+    as the (n, 256) and (n, 1024) rows of a training step do."""
+    monkeypatch.setattr(rows, "BLOCK_ELEMENTS", 12 * rows.ROW_BLOCK)
+
+
 @pytest.fixture
 def pool_threads():
     """Set the pool's thread count inside a test; restores the previous one afterwards."""
@@ -117,6 +125,7 @@ def test_row_blocks_depend_only_on_n(pool_threads):
     pool_threads(3)
     assert rows.row_blocks(0) == [] and rows.row_blocks(3, 2) == [(0, 2), (2, 3)]
     assert rows.row_blocks(130) == [(0, 64), (64, 128), (128, 130)]
+    assert rows.block_rows(12) == 64 and rows.block_rows(20) == 38 and rows.block_rows(10**6) == 1
     x, dy = np.ones((0, 4), np.float32), np.ones((0, 5), np.float32)
     np.testing.assert_array_equal(rows.matmul_tn_rows(x, dy), np.zeros((4, 5)))
 

@@ -19,8 +19,8 @@ gradients on ragged batches. What is rearranged, and why:
                 chain measured 1.8x faster than layers.gelu_forward (forward + backward on
                 (6873, 1024) float32).
   row blocks    The per-token layers (fast_rows.py: embeddings, linear, LayerNorm, GELU,
-                residual adds) run as chains of passes over blocks of 64 packed rows that stay
-                in L2, spread over the cores by rows.py's thread pool; their sums over rows are
+                residual adds) run as chains of passes over blocks of packed rows that stay
+                in L2 (rows.py says how big), spread over the cores by rows.py's thread pool; their sums over rows are
                 per-block partials added in block order, so the bits do not depend on the
                 thread count (tests/test_rows.py). Attention's groups and cross-entropy's
                 blocks go through the same pool.
@@ -38,11 +38,12 @@ import numpy as np
 
 from ..layers import attention_bias, split_heads
 from .fast_rows import linear_backward_rows, linear_forward_rows
-from .rows import REDUCE_BLOCKS, ROW_BLOCK, row_blocks, run, sum_partials
+from .rows import GEMM_BLOCK, REDUCE_BLOCKS, ROW_BLOCK, row_blocks, run, sum_partials
 
 ATTENTION_GROUP = 64  # at most this many equal-length captions per attention group
 CE_BLOCK = 32  # logits rows per fused cross-entropy block: 32 x 5814 float32 = 0.7 MB, in L2
 HEAD_CHUNK = ROW_BLOCK * REDUCE_BLOCKS  # rows per chunk of the fused tied head: 512 x V logits
+assert HEAD_CHUNK % GEMM_BLOCK == 0     # a chunk's GEMMs are rows.matmul_rows' blocks
 
 
 # ---------------------------------------------------------------- packed layout and groups
@@ -261,7 +262,7 @@ def cross_entropy_rows(logits, targets, start, stop, n, nll):
 def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
     """model.lm_head_forward, cross_entropy_fast and model.lm_head_backward in one pass over
     chunks of HEAD_CHUNK rows, never holding all (n, V) logits (150 MB at the default batch):
-    per chunk, on the pool: logits = hf_c tok_emb^T (one ROW_BLOCK GEMM at a time, as
+    per chunk, on the pool: logits = hf_c tok_emb^T (one GEMM_BLOCK GEMM at a time, as
     rows.matmul_rows), cross_entropy_rows in place on its blocks, dhf_c = dlogits_c tok_emb,
     and the chunk's partial dlogits_c^T hf_c of dtok_emb, added in chunk order (as
     rows.matmul_tn_rows): the same products on the same rows, so the same bits as the three
@@ -281,14 +282,14 @@ def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
     def chunk(i):
         start, stop = chunks[i]
         logits = np.empty((stop - start, V), dtype=hf.dtype)              # (r, V) this chunk's
-        blocks = row_blocks(stop - start)
+        blocks = row_blocks(stop - start, GEMM_BLOCK)                     # as rows.matmul_rows
         for s, e in blocks:                                               # forward: hf @ tok_emb^T
             np.matmul(hf[start + s:start + e], tok_emb.T, out=logits[s:e])
         for s, e in row_blocks(stop - start, block_rows):                 # in place: dlogits
             cross_entropy_rows(logits, targets[start:stop], s, e, n, nll[start:stop])
         for s, e in blocks:
             np.matmul(logits[s:e], tok_emb, out=dhf[start + s:start + e])
-        np.matmul(logits.T, hf[start:stop], out=partials[i])
+        np.matmul(logits.T, hf[start:stop], out=partials[i])              # (V, D)
 
     run(chunk, len(chunks))
     loss = float(nll.mean())

@@ -4,8 +4,8 @@ there; tests/test_rows.py checks them against it, and bit for bit across thread 
 fast_layers.py holds the rest of the fast path (row layout, attention, pooling, cross-entropy).
 
 Each layer is its layers.py reference as a chain of passes over one ROW BLOCK of the packed
-rows at a time (rows.ROW_BLOCK rows: the block stays in L2 from pass to pass), the blocks spread
-over rows.run's threads. Sums over rows (bias, gain and weight gradients) are one partial per
+rows at a time (rows.block_rows(C) rows, 512 KB: the block stays in L2 from pass to pass; a
+linear layer's GEMMs take rows.GEMM_BLOCK rows), the blocks spread over rows.run's threads. Sums over rows (bias, gain and weight gradients) are one partial per
 block (or per rows.REDUCE_BLOCKS blocks), added in block order: the same bits for any number of
 threads. Constants are cast to the array's dtype first (_const), so float32 arrays never meet a
 float64 scalar (NumPy 2 would run the float64 loop and round back) and float64 gradient checks
@@ -19,7 +19,7 @@ of np.tanh). Both round differently from layers.py, within a few float32 ulps (t
 import numpy as np
 
 from ..layers import GELU_A, GELU_C, LN_EPS
-from .rows import ROW_BLOCK, map_blocks, matmul_tn_rows, row_blocks, run, sum_partials
+from .rows import GEMM_BLOCK, block_rows, map_blocks, matmul_tn_rows, row_blocks, run, sum_partials
 
 SCATTER_ROUNDS = 8   # scatter_add_rows: ids read more often than this are summed one by one
 
@@ -39,7 +39,7 @@ def embedding_forward_rows(tok_ids, pos_ids, tok_emb, pos_emb):
         np.take(tok_emb, tok_ids[s:e], axis=0, out=h[s:e])
         h[s:e] += pos_emb[pos_ids[s:e]]
 
-    map_blocks(block, n)
+    map_blocks(block, n, block_rows(D))
     return h, (tok_ids, pos_ids, tok_emb.shape, pos_emb.shape)
 
 
@@ -90,7 +90,7 @@ def scatter_add_rows(dy, ids, shape):
 def add_rows(x, y):
     """x + y on (n, C) rows, as a new array (the residual stream: h = h + a)."""
     out = np.empty_like(x)                                                # (n, C)
-    map_blocks(lambda i, s, e: np.add(x[s:e], y[s:e], out=out[s:e]), len(x))
+    map_blocks(lambda i, s, e: np.add(x[s:e], y[s:e], out=out[s:e]), len(x), block_rows(x.shape[1]))
     return out
 
 
@@ -103,7 +103,7 @@ def linear_forward_rows(x, w, b):
         np.matmul(x[s:e], w, out=y[s:e])
         y[s:e] += b
 
-    map_blocks(block, len(x))
+    map_blocks(block, len(x), GEMM_BLOCK)
     return y, (x, w)
 
 
@@ -111,18 +111,18 @@ def linear_backward_rows(dy, cache):
     """dy: (n, D_out) -> dx (n, D_in), dw (D_in, D_out), db (D_out,); dw and db summed over
     rows per fixed block, then in block order (rows.matmul_tn_rows)."""
     x, w = cache
-    blocks = row_blocks(len(dy))
+    blocks = row_blocks(len(dy), GEMM_BLOCK)
     dx = np.empty((len(dy), w.shape[0]), dtype=dy.dtype)                  # (n, D_in)
     db_parts = np.empty((max(len(blocks), 1), w.shape[1]), dtype=dy.dtype)  # (P, D_out)
     db_parts[0] = 0
 
-    ones = np.ones(ROW_BLOCK, dtype=dy.dtype)                             # (ROW_BLOCK,)
+    ones = np.ones(GEMM_BLOCK, dtype=dy.dtype)                            # (GEMM_BLOCK,)
 
     def block(i, s, e):
         np.matmul(dy[s:e], w.T, out=dx[s:e])
         np.matmul(ones[:e - s], dy[s:e], out=db_parts[i])                 # column sums, a GEMV
 
-    map_blocks(block, len(dy))
+    map_blocks(block, len(dy), GEMM_BLOCK)
     return dx, matmul_tn_rows(x, dy), sum_partials(db_parts)
 
 
@@ -152,7 +152,7 @@ def layernorm_forward_rows(x, gamma, beta, eps=LN_EPS):
         np.multiply(xh, gamma, out=yb)
         yb += beta                                                        # xhat * gamma + beta
 
-    map_blocks(block, n)
+    map_blocks(block, n, block_rows(D))
     return y, (xhat, inv_std, gamma)
 
 
@@ -161,11 +161,12 @@ def layernorm_backward_rows(dy, cache):
     columns as GEMVs with ones vectors. dy: (n, D) -> dx (n, D), dgamma (D,), dbeta (D,)."""
     xhat, inv_std, gamma = cache
     n, D = xhat.shape
-    P = max(len(row_blocks(n)), 1)
+    rows_per = block_rows(D)
+    P = max(len(row_blocks(n, rows_per)), 1)
     dx = np.empty_like(dy)                                                # (n, D)
     dgamma_parts, dbeta_parts = (np.zeros((P, D), dtype=dy.dtype) for _ in range(2))  # (P, D)
     inv_D = _const(1.0 / D, dy)
-    ones_D, ones_rows = np.ones(D, dtype=dy.dtype), np.ones(ROW_BLOCK, dtype=dy.dtype)
+    ones_D, ones_rows = np.ones(D, dtype=dy.dtype), np.ones(rows_per, dtype=dy.dtype)
 
     def block(i, s, e):
         dyb, xh, g, ones = dy[s:e], xhat[s:e], dx[s:e], ones_rows[:e - s]
@@ -184,7 +185,7 @@ def layernorm_backward_rows(dy, cache):
         g -= t
         g *= inv_std[s:e]                                                 # dx
 
-    map_blocks(block, n)
+    map_blocks(block, n, rows_per)
     return dx, sum_partials(dgamma_parts), sum_partials(dbeta_parts)
 
 
@@ -208,7 +209,7 @@ def gelu_forward_fast(x):
         np.reciprocal(u, out=u)                                           # s = (1 + th) / 2
         np.multiply(xb, u, out=yb)                                        # x/2 (1 + th)
 
-    map_blocks(block, len(x))
+    map_blocks(block, len(x), block_rows(x.shape[1]))
     return y, (x, s_all)
 
 
@@ -231,5 +232,5 @@ def gelu_backward_fast(dy, cache):
         d += sb
         d *= dy[s:e]
 
-    map_blocks(block, len(x))
+    map_blocks(block, len(x), block_rows(x.shape[1]))
     return dx

@@ -22,13 +22,22 @@ The pool's size may change while a process runs (jobs.py: a run gets the cores a
 freed): follow(shared) makes the size be re-read from a shared integer at the entry of every
 top-level run(), that is between two operations, never inside one.
 
-ROW_BLOCK: 64 rows. The widest per-token activation is the MLP's (n, F = 4 D = 1024) float32:
-64 rows of it are 256 KB, so a GELU chain's three such blocks (input, tanh, output; 768 KB)
-stay inside one core's 1 MB L2 (AMD EPYC of the measuring machine; most x86 cores since 2017
-have 1-2 MB). Measured on (6900, 256) @ (256, 1024) float32, 2 cores: 64-row GEMMs on two
-pool threads ran as fast as numpy's 2-thread BLAS on the whole array (52 vs 58 ms).
-REDUCE_BLOCKS: a weight gradient's partial x^T dy covers 8 row blocks (512 rows): a few
-partials of (D_in, D_out) each instead of one per block (14 x 1 MB at n = 6900, D = 256).
+Block sizes (measured on this project's 2-core AMD EPYC VMs, 1 MB L2 per core, float32):
+  BLOCK_ELEMENTS  an element-wise chain (LayerNorm, GELU, residual add) runs over blocks of
+                  block_rows(C) = 131072 // C rows: 512 KB per array, 128 rows of the MLP's
+                  (n, 1024), 512 rows of (n, 256). Smaller blocks cost more than they save:
+                  every NumPy call takes the GIL back, and with two threads issuing ~15 small
+                  calls per block they queue for it (64-row LayerNorm blocks on 2 threads ran
+                  slower than on 1). LayerNorm forward on (6694, 256): 11.5 ms in 64-row blocks,
+                  3.3 ms in 512-row ones; GELU forward on (6694, 1024): 33 -> 22 ms (2 threads).
+  GEMM_BLOCK      a row-block GEMM (linear layers, matmul_rows, the tied head) takes 256 rows:
+                  OpenBLAS packs the whole weight for every call, which costs a 64-row call
+                  ~25% of its time at (256, 768) and (256, 1024) on one thread (25 vs 33 GFLOP/s).
+                  OpenBLAS's results for a row depend on the call's row count, so the partition
+                  is fixed here and every path that must give the same bits uses the same one.
+  ROW_BLOCK       64 rows: the default partition (sum_partials' rows, tests).
+  REDUCE_BLOCKS   a weight gradient's partial x^T dy covers 8 row blocks (512 rows): a few
+                  partials of (D_in, D_out) each instead of one per block (14 x 1 MB at n = 6900).
 """
 import ctypes
 import itertools
@@ -39,7 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROW_BLOCK = 64      # rows per block (see above: fits L2 at C = 1024 float32)
+ROW_BLOCK = 64      # rows per block of the default partition
+BLOCK_ELEMENTS = 131072   # elements per block of an element-wise chain (block_rows; 512 KB float32)
+GEMM_BLOCK = 256    # rows per GEMM of a row-block product (see above: OpenBLAS's packing)
 REDUCE_BLOCKS = 8   # row blocks per partial of a weight gradient (512 rows)
 SMALL_SUM = 65536   # sum_partials adds a total smaller than this on the calling thread
 POOL_NAME = "minialign-rows"   # the workers' thread name prefix
@@ -95,6 +106,12 @@ def follow(shared):
 def threads():
     """Threads the pool runs: set_threads's k, else available_cores()."""
     return _THREADS or available_cores()
+
+
+def block_rows(C):
+    """Rows per block of an element-wise chain over (n, C) rows: BLOCK_ELEMENTS // C (read at
+    the call, so a test may shrink it), at least 1."""
+    return max(1, BLOCK_ELEMENTS // C)
 
 
 def row_blocks(n, block=ROW_BLOCK):
@@ -186,15 +203,15 @@ def sum_partials(partials):
 
 
 def matmul_rows(x, w, out=None):
-    """x @ w with x's rows in row blocks on the pool. x: (n, K); w: (K, M); out: (n, M) or None.
-    Returns out. Each block's rows are one BLAS call: the same bits for any thread count."""
+    """x @ w with x's rows in blocks of GEMM_BLOCK rows on the pool. x: (n, K); w: (K, M); out:
+    (n, M) or None. Returns out. Each block is one BLAS call: the same bits for any thread count."""
     n = x.shape[0]
     out = np.empty((n, w.shape[1]), dtype=np.result_type(x, w)) if out is None else out
 
     def block(i, start, stop):
         np.matmul(x[start:stop], w, out=out[start:stop])
 
-    map_blocks(block, n)
+    map_blocks(block, n, GEMM_BLOCK)
     return out
 
 
