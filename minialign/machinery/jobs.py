@@ -148,10 +148,16 @@ class Terminated(KeyboardInterrupt):
     semaphores) runs for `kill`, `timeout` and Slurm too."""
 
 
+def _ignore(signum, frame):
+    """A signal that arrives while stopping: ignored. A Python function, not SIG_IGN: a
+    signal already caught but not yet handled would otherwise print "Signal 15 ignored due to
+    race condition" (timeout signals the command and then its group: twice)."""
+
+
 def _terminate(signum, frame):
     """The parent's SIGTERM handler: the first one stops the command, later ones are ignored
     so that its clean-up runs to its end."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _ignore)
     raise Terminated
 
 
@@ -174,7 +180,7 @@ def _interrupt_once(signum, frame):
     parent's, a second Ctrl-C, the group's SIGTERM) are ignored so that the clean-up runs to
     its end."""
     for stop in STOP_SIGNALS:
-        signal.signal(stop, signal.SIG_IGN)
+        signal.signal(stop, _ignore)
     raise KeyboardInterrupt
 
 
