@@ -38,6 +38,8 @@ REFUSED = [  # (argv, the whole of stderr)
      "minialign replicate: error: argument --jobs: must be an integer >= 1, got '0'"),
     (["train", "--objective", "good_views"], "minialign train: error: the following arguments "
                                              "are required: --captions, --out"),
+    (["synthetic", "--out", "r", "--seed", "-1"], "minialign synthetic: error: argument "
+                                                  "--seed: must be an integer >= 0, got '-1'"),
     ([], "minialign: error: the following arguments are required: COMMAND"),
 ]
 
@@ -109,6 +111,7 @@ def test_sigterm_to_a_dry_run_group_leaks_no_semaphore(world, tmp_path):
     _, err = dry.communicate(timeout=120)
     assert dry.returncode == 143
     assert "leaked" not in err and "race condition" not in err and "Traceback" not in err
+    assert "interrupted" not in err.splitlines()     # the children: silent on the terminal
     assert err.splitlines()[-1] == ("minialign replicate: terminated (SIGTERM); "
                                     + cli.RESUME_HINT["replicate"])
     assert not (tmp_path / "o").exists()
@@ -143,6 +146,9 @@ def test_evaluate_hint_names_the_embeddings_of_the_runs_own_photos(tmp_path, mon
     assert evaluate.expected_embeddings("coco/captions_train2017_subset5000_seed1.json") == \
         "embeddings/coco_train2017_subset5000_seed1_dinov2-base.npz"      # README's name
     assert evaluate.SYNTHETIC_FILES == (synthetic.CAPTIONS_NAME, synthetic.EMBEDDINGS_NAME)
+    world = evaluate.missing_embeddings_note("w/captions_synthetic.json")      # not written
+    assert ("`python -m minialign synthetic --out w`; then rerun with --embeddings "
+            "w/embeddings_synthetic.npz.") in world and "export" not in world
     (tmp_path / "embeddings").mkdir()
     (tmp_path / "embeddings" / "coco_val2017_dinov2-base.npz").write_bytes(b"")
     assert ("embeddings/coco_val2017_dinov2-base.npz exists: rerun with --embeddings "

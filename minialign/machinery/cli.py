@@ -235,8 +235,9 @@ def run_report(args):
 
 def add_synthetic_args(p):
     p.add_argument("--out", required=True, help="directory for the two SYNTHETIC files")
-    p.add_argument("--n-scenes", type=int, default=2000, help="scenes (photos) to write")
-    p.add_argument("--seed", type=int, default=0, help="scene and caption seed")
+    p.add_argument("--n-scenes", type=positive_int, default=2000,
+                   help="scenes (photos) to write, >= 1")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="scene and caption seed, >= 0")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
 
 

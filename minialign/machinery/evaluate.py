@@ -257,7 +257,7 @@ def how_to_export(path, captions):
     """The one-time command that creates the image embeddings file `path` of the photos of
     `captions`, and what to do next: `make embeddings` for make data's subset, the synthetic
     command for a synthetic world, else the export command."""
-    if Path(captions).name == SYNTHETIC_FILES[0]:
+    if Path(captions).name == SYNTHETIC_FILES[0] and path == expected_embeddings(captions):
         how = (f"The SYNTHETIC world's embeddings are written with its captions: "
                f"`python -m minialign synthetic --out {Path(captions).parent}`; ")
     elif path == DEFAULT_EMBEDDINGS and Path(captions).name == DEFAULT_SUBSET:

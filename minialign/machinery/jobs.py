@@ -205,7 +205,8 @@ def _child(target, args, threads, log_path, cores):
             rows.follow(cores)                  # the parent's rebalance, between operations
         code = target(*args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
+        if log_path is not None:            # on the terminal, the parent's line says it once
+            print("interrupted", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
