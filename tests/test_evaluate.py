@@ -180,15 +180,14 @@ def test_photos_missing_a_slot_or_an_embedding_are_left_out_and_reported(tmp_pat
     assert "image_alignment" in json.loads((run / "metrics.json").read_text())
 
 
-def test_no_embeddings_option_gives_text_only_and_the_export_command(world, tmp_path, capsys):
+def test_no_embeddings_option_gives_text_only_and_names_the_worlds_file(world, tmp_path, capsys):
     run = copy_run(world, "good_views", tmp_path)
     before = (run / "metrics.json").read_bytes()
     summary = cli("--run", run)                                 # returns: exit status 0
     out = capsys.readouterr().out
     assert "image alignment not computed" in out and "--embeddings was not given" in out
-    assert "python -m minialign export --captions" in out
-    assert "--model facebook/dinov2-base" in out and "embeddings/README.md" in out
-    assert f"--out {evaluate.DEFAULT_EMBEDDINGS}" in out
+    embeddings = world["embeddings"]                  # the synthetic world's, beside its captions
+    assert f"{embeddings} exists: rerun with --embeddings {embeddings}." in out
     assert "para R@1" in out and "good_views" in out
     assert summary["embeddings"] is None and "mutual_knn" not in summary["runs"][0]
     assert (run / "metrics.json").read_bytes() == before        # nothing written

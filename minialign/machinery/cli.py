@@ -4,9 +4,12 @@ replicate,scaling,report,export} --help.
 Each sub-command is an add_*_args function (its options) and a run_* function (what it does
 with them). The training flags are declared once, in flags.TRAIN_FLAGS (from the config
 dataclasses); a command lists the fields it exposes, and flags.config_from_args builds its
-TrainConfig. Every error is one line, `minialign COMMAND: error: ...`, exit code 2.
+TrainConfig. Every error is one line, `minialign COMMAND: error: ...`, exit code 2 (a
+mistyped flag's line names the closest real one); --help prints the whole usage. SIGTERM
+(`kill`, `timeout`, Slurm) stops a command as Ctrl-C does, with the same resume hint.
 """
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -14,15 +17,18 @@ from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from . import (bench, coco, compare, evaluate, export, replicate, report, scaling_report,
                scaling_run, slurm_runs, synthetic)
+from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
-from .flags import (UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
+from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
                     nonnegative_int, positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
                        Protocol, holds_runs, load_protocol)
 from .rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
-RESUME_HINT = {  # what to do after Ctrl-C: nothing finished is lost, the rest continues
+EXIT_INTERRUPTED = 128 + signal.SIGINT    # 130: stopped by Ctrl-C, as a shell reports it
+EXIT_TERMINATED = 128 + signal.SIGTERM    # 143: stopped by SIGTERM (kill, timeout, Slurm)
+RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest continues
     "train": "rerun the same command with --resume (`make train ... RESUME=1`) to continue from "
              "the last checkpoint (from step 0 if none was saved yet)",
     "data": "rerun the same command: finished steps are skipped",
@@ -229,8 +235,9 @@ def run_report(args):
 
 def add_synthetic_args(p):
     p.add_argument("--out", required=True, help="directory for the two SYNTHETIC files")
-    p.add_argument("--n-scenes", type=int, default=2000, help="scenes (photos) to write")
-    p.add_argument("--seed", type=int, default=0, help="scene and caption seed")
+    p.add_argument("--n-scenes", type=positive_int, default=2000,
+                   help="scenes (photos) to write, >= 1")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="scene and caption seed, >= 0")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
 
 
@@ -310,31 +317,41 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
 
 
 def parser():
-    top = argparse.ArgumentParser(
+    top = Parser(
         prog="python -m minialign",
         description="Good views vs next-token prediction for text-image alignment, in NumPy.")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help, add_args, _) in COMMANDS.items():
         add_args(sub.add_parser(name, help=help, description=help,
                                 formatter_class=DefaultsFormatter))
+    top.commands = sub.choices                     # {name: its parser}, for parse_args
     return top
 
 
-def main(argv=None):
-    """Parse, run the command; returns the exit code (0, 2 bad input, 3 diverged, 130 Ctrl-C)."""
-    args = parser().parse_args(argv)
-    try:
+def run_command(args):
+    """COMMANDS[args.command]'s run; meanwhile SIGTERM raises jobs.Terminated, a
+    KeyboardInterrupt, so it stops the clean way Ctrl-C does."""
+    with sigterm_interrupts():
         if args.command in COMPUTING:
             use_threads(args)
         COMMANDS[args.command][2](args)
+
+
+def main(argv=None):
+    """Parse, run the command; returns the exit code (0, 2 bad input, 3 diverged, 130 Ctrl-C,
+    143 SIGTERM). A bad flag exits at once with code 2 (SystemExit, one line)."""
+    args = parser().parse_args(argv)
+    try:
+        run_command(args)
     except Diverged as e:                            # the run's own outcome, recorded on disk
         print(f"minialign {args.command}: diverged: {e}", file=sys.stderr)
         return EXIT_DIVERGED
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"minialign {args.command}: interrupted; {RESUME_HINT.get(args.command, '')}"
+    except KeyboardInterrupt as stop:                # Ctrl-C, or SIGTERM (Terminated)
+        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        print(f"minialign {args.command}: {how}; {RESUME_HINT.get(args.command, '')}"
               .rstrip("; "), file=sys.stderr)
-        return 130
+        return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
     return 0

@@ -43,8 +43,10 @@ from .rundir import (caption_files, check_run_dir, load_caption_slots, read_metr
 K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
 RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
 DEFAULT_EMBEDDINGS = "embeddings/coco_train2017_subset10000_seed0_dinov2-base.npz"  # make embeddings
-EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images <COCO images dir> "
+DEFAULT_SUBSET = "captions_train2017_subset10000_seed0.json"     # make data's file, its captions
+EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images {images} "
                   "--model facebook/dinov2-base --out {out}")
+SYNTHETIC_FILES = ("captions_synthetic.json", "embeddings_synthetic.npz")  # synthetic.*_NAME
 
 
 def rows_of(ids, wanted):
@@ -231,17 +233,51 @@ def format_table(rows, image):
     return "\n".join([fmt(header)] + [fmt(line) for line in lines])
 
 
+def expected_embeddings(captions):
+    """The image embeddings file of the photos of `captions`, named as the README names them:
+    DIR/captions_synthetic.json -> DIR/embeddings_synthetic.npz (`python -m minialign
+    synthetic` writes both); [DIR/]captions_X.json -> embeddings/coco_X_dinov2-base.npz (make
+    data's subset: DEFAULT_EMBEDDINGS; val2017: embeddings/coco_val2017_dinov2-base.npz)."""
+    path = Path(captions)
+    if path.name == SYNTHETIC_FILES[0]:
+        return str(path.with_name(SYNTHETIC_FILES[1]))
+    return f"embeddings/coco_{path.stem.removeprefix('captions_')}_dinov2-base.npz"
+
+
+def images_of(captions):
+    """Where the photos of `captions` are, as the README puts them: a train2017 subset's in
+    train2017/ beside it (make data), val2017's in coco/val2017 (the by-hand recipe)."""
+    name = Path(captions).name
+    if "train2017" in name:
+        return str(Path(captions).parent / "train2017")
+    return "coco/val2017" if "val2017" in name else "<COCO images dir>"
+
+
 def how_to_export(path, captions):
-    """The one-time command that creates the image embeddings file `path`, and what to do next."""
-    command = EXPORT_COMMAND.format(captions=captions, out=path)
-    return (f"Create it once (COCO images + the [export] extra; see embeddings/README.md):"
-            f"\n  {command}\nthen rerun with --embeddings {path}.")
+    """The one-time command that creates the image embeddings file `path` of the photos of
+    `captions`, and what to do next: `make embeddings` for make data's subset, the synthetic
+    command for a synthetic world, else the export command."""
+    if Path(captions).name == SYNTHETIC_FILES[0] and path == expected_embeddings(captions):
+        how = (f"The SYNTHETIC world's embeddings are written with its captions: "
+               f"`python -m minialign synthetic --out {Path(captions).parent}`; ")
+    elif path == DEFAULT_EMBEDDINGS and Path(captions).name == DEFAULT_SUBSET:
+        how = ("Create it once with `make embeddings` (after `make data` and `make "
+               "install-export`; see embeddings/README.md), ")
+    else:
+        command = EXPORT_COMMAND.format(captions=captions, images=images_of(captions), out=path)
+        how = (f"Create it once (COCO images + the [export] extra; see embeddings/README.md):"
+               f"\n  {command}\n")
+    return f"{how}then rerun with --embeddings {path}."
 
 
 def missing_embeddings_note(captions):
-    """What to print when --embeddings was omitted: text-side metrics only, not an error."""
-    return (f"image alignment not computed: it needs the frozen DINOv2 image embeddings file "
-            f"and --embeddings was not given. {how_to_export(DEFAULT_EMBEDDINGS, captions)} "
+    """What to print when --embeddings was omitted for a run trained on `captions`: text-side
+    metrics only, not an error; which file would add the image side, and how to make it."""
+    path = expected_embeddings(captions)
+    how = (f"{path} exists: rerun with --embeddings {path}." if Path(path).is_file()
+           else how_to_export(path, captions))
+    return (f"image alignment not computed: it needs the frozen DINOv2 image embeddings of the "
+            f"run's photos ({captions}) and --embeddings was not given. {how} "
             f"Shown above: the text-side metrics only.")
 
 

@@ -1,7 +1,8 @@
 """argparse `type=` functions that refuse a nonsense flag value on the command line, before
-anything is read or written, with argparse's own one-line error and the valid range:
+anything is read or written, with one line (Parser: no usage block) naming the valid range:
 
-    python -m minialign train: error: argument --steps: must be an integer >= 1, got '0'
+    minialign train: error: argument --steps: must be an integer >= 1, got '0'
+    minialign train: error: unrecognized arguments: --stpes (did you mean --steps?)
 
 The dataclasses (train.TrainConfig, model.ModelConfig, objectives.ObjectiveConfig) check the
 same ranges again, so the Python API refuses them too. TRAIN_FLAGS declares every training
@@ -10,7 +11,44 @@ Numpy-free; imports nothing of minialign.
 """
 import argparse
 import dataclasses
+import difflib
 import math
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but every refusal is ONE line, `minialign COMMAND: error: MESSAGE` (no usage
+    block above it: --help prints that), exit code 2; an unrecognized flag names the closest
+    flag of its command (did_you_mean). Sub-command parsers are of this class too."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but unrecognized arguments are refused by the parser of the command
+        they were given to (argparse's top parser would name no command, nor a close flag)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
+            command.error(f"unrecognized arguments: {did_you_mean(command, extra)}")
+        return parsed
+
+
+def did_you_mean(parser, extra):
+    """The unrecognized arguments `extra` (argparse's leftovers) as one phrase: each unknown
+    flag, without the value given to it, with the closest flag of `parser` (difflib) if one is
+    close: ['--stpes', '10'] -> '--stpes (did you mean --steps?)'."""
+    flags = [s for a in parser._actions if a.help is not argparse.SUPPRESS
+             for s in a.option_strings]
+    named, after_flag = [], False
+    for arg in extra:
+        if arg.startswith("-") and len(arg) > 1:
+            flag = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, flags, n=1)
+            named.append(flag + (f" (did you mean {close[0]}?)" if close else ""))
+            after_flag = True
+        elif not after_flag:                       # a stray word, not a flag's value
+            named.append(arg)
+    return ", ".join(named)
 
 
 def int_at_least(low):

@@ -19,13 +19,18 @@ SIGINT blocked (a Ctrl-C during its start-up waits), then takes the first SIGINT
 KeyboardInterrupt and ignores any later one, so its clean-up (the run directory's lock,
 files.DirLock; atomic writes) is never cut short; it exits with EXIT_INTERRUPTED. The parent
 sends each live child one SIGINT too (for a SIGINT sent to the parent alone), then waits.
+SIGTERM (`kill`, `timeout` and Slurm, which signal the whole group) is a Ctrl-C too, in the
+parent (sigterm_interrupts: Terminated) and in the children, so a killed grid exits cleanly,
+its multiprocessing semaphores released, and resumes like an interrupted one.
 """
+import contextlib
 import heapq
 import math
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
@@ -35,7 +40,8 @@ from .fast_layers import HEAD_CHUNK
 from .machine import available_cores, keep_freed_memory, use_cores
 
 EXIT_INTERRUPTED = 130     # a child stopped by Ctrl-C (as `python -m minialign`)
-STOP_GRACE_S = 60          # seconds a child may take to stop after SIGINT before SIGTERM
+STOP_GRACE_S = 60          # seconds a child may take to stop after SIGINT before SIGKILL
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}    # Ctrl-C; kill, timeout, Slurm
 
 # Peak resident memory of one run, MB, fitted to bench's peak_rss_mb at --threads 1 (numpy 2.4,
 # OpenBLAS, COCO val2017 captions, V = 5814): default size (D=256, L=4, 256 photos, 6873 real
@@ -142,10 +148,45 @@ def makespan(durations, slots, busy=()):
 
 
 # ---------------------------------------------------------------- processes
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (sigterm_interrupts), so every
+    clean-up written for Ctrl-C (locks, atomic writes, stop_all, multiprocessing's
+    semaphores) runs for `kill`, `timeout` and Slurm too."""
+
+
+def _ignore(signum, frame):
+    """A signal that arrives while stopping: ignored. A Python function, not SIG_IGN: a
+    signal already caught but not yet handled would otherwise print "Signal 15 ignored due to
+    race condition" (timeout signals the command and then its group: twice)."""
+
+
+def _terminate(signum, frame):
+    """The parent's SIGTERM handler: the first one stops the command, later ones are ignored
+    so that its clean-up runs to its end."""
+    signal.signal(signal.SIGTERM, _ignore)
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """Within: SIGTERM raises Terminated in the main thread (where Python runs signal
+    handlers; elsewhere nothing changes). The previous handler is restored on leaving."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _interrupt_once(signum, frame):
-    """A child's SIGINT handler: the first one stops the work, later ones (the parent's, a
-    second Ctrl-C) are ignored so that the clean-up runs to its end."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A child's SIGINT and SIGTERM handler: the first one stops the work, later ones (the
+    parent's, a second Ctrl-C, the group's SIGTERM) are ignored so that the clean-up runs to
+    its end."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, _ignore)
     raise KeyboardInterrupt
 
 
@@ -153,23 +194,25 @@ def _child(target, args, threads, log_path, cores):
     """The body of a spawned child: output to log_path (appended; None: the parent's
     terminal), `threads` cores, then as many as the shared integer `cores` says (rows.follow;
     threads None: numpy's default, not followed), SIGINT once, then target(*args). Exit code:
-    target's return value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C, 2 after OSError /
-    ValueError (its message on the log's last line), 1 after anything else (traceback in the
-    log)."""
-    signal.signal(signal.SIGINT, _interrupt_once)
+    target's return value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C or SIGTERM, 2 after
+    OSError / ValueError (its message on the log's last line), 1 after anything else
+    (traceback in the log)."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, _interrupt_once)
     keep_freed_memory()                        # as python -m minialign does (machine.py)
     if log_path is not None:
         log = open(log_path, "a", buffering=1)
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # a pending Ctrl-C: now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)   # a pending Ctrl-C: now
         if threads is not None:                 # None: numpy's own default (OPENBLAS_*)
             use_cores(threads)
             rows.follow(cores)                  # the parent's rebalance, between operations
         code = target(*args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
+        if log_path is not None:            # on the terminal, the parent's line says it once
+            print("interrupted", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
@@ -184,13 +227,13 @@ def start(target, args, threads, log_path, started):
     list `started` and return it; its `cores` attribute is the shared integer the child's
     core count follows (rebalance writes it). target: a module-level function (the child
     imports it).
-    SIGINT is blocked here until the child is in `started`, so a Ctrl-C at that moment
-    reaches a parent that knows every child it must stop (stop_all(started))."""
+    SIGINT and SIGTERM are blocked here until the child is in `started`, so a Ctrl-C at that
+    moment reaches a parent that knows every child it must stop (stop_all(started))."""
     context = multiprocessing.get_context("spawn")
     cores = context.Value("i", threads or 0)                             # 0: not followed
     process = context.Process(target=_child, args=(target, args, threads, log_path, cores),
                               daemon=False)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})     # inherited by the child
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)       # inherited by the child
     try:
         process.start()
         process.cores = cores
@@ -214,7 +257,8 @@ def wait_any(processes, timeout=None):
 
 def stop_all(processes, grace=STOP_GRACE_S):
     """Stop every live child cleanly: one SIGINT each, then wait up to `grace` s in all; a child
-    still alive then gets SIGTERM. Their run directories stay resumable either way."""
+    still alive then gets SIGKILL (it ignores a SIGTERM once stopping). Their run directories
+    stay resumable either way."""
     alive = [p for p in processes if p.exitcode is None]
     for p in alive:
         try:
@@ -225,7 +269,7 @@ def stop_all(processes, grace=STOP_GRACE_S):
     for p in alive:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.exitcode is None:
-            p.terminate()
+            p.kill()
             p.join()
     return [p.exitcode for p in alive]
 

@@ -114,9 +114,6 @@ def prepare(cfg):
     if not 2 <= cfg.batch_photos <= len(split["train"]):
         raise ValueError(f"{cfg.captions}: batch_photos={cfg.batch_photos}, but the train split "
                          f"has {len(split['train'])} photos (need 2 <= batch_photos <= that)")
-    if cfg.warmup_steps >= cfg.steps > 0:
-        print(f"warning: --warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning "
-              f"rate never reaches its peak {cfg.lr}", file=sys.stderr)
     return {"captions": captions, "split": split, "tokenizer": tok, "tables": tables,
             "n_truncated": n_truncated}
 
@@ -228,11 +225,16 @@ def finish(params, cfg, data, out, metrics, t_start):
 
 
 def print_start(cfg, info):
-    """The run's size: vocabulary, parameters, photos per split, captions truncated."""
+    """The run's size: vocabulary, parameters, photos per split, captions truncated; and on
+    stderr a warm-up that outlasts the run (here, once every input is checked and the run
+    directory is locked: a refused command prints its error alone)."""
     print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
           f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
           f"{info['photos']}, {info['captions_truncated']} captions truncated to "
           f"{cfg.model.max_len} tokens", flush=True)
+    if cfg.warmup_steps >= cfg.steps:
+        print(f"warning: --warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning "
+              f"rate never reaches its peak {cfg.lr}", file=sys.stderr, flush=True)
 
 
 class Progress:
