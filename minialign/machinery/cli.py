@@ -351,7 +351,8 @@ def main(argv=None):
         return 2
     except KeyboardInterrupt as stop:                # Ctrl-C, or SIGTERM (Terminated)
         how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
-        print(f"minialign {args.command}: {how}; {RESUME_HINT.get(args.command, '')}"
-              .rstrip("; "), file=sys.stderr)
+        hint = ("a dry run writes nothing; rerun it to estimate again"
+                if getattr(args, "dry_run", False) else RESUME_HINT.get(args.command, ""))
+        print(f"minialign {args.command}: {how}; {hint}".rstrip("; "), file=sys.stderr)
         return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
     return 0

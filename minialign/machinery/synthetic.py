@@ -242,7 +242,7 @@ def write_world(out_dir, n_scenes=2000, seed=0, force=False, noise=NOISE):
     paths = (os.path.join(out_dir, CAPTIONS_NAME), os.path.join(out_dir, EMBEDDINGS_NAME))
     for path in paths:
         if os.path.exists(path) and not force:
-            raise FileExistsError(f"{path} already exists; pass force=True to overwrite it")
+            raise FileExistsError(f"{path} already exists; pass force=True (--force) to overwrite it")
     rng_world, rng_file = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     world = make_world(n_scenes, rng_world, D_IMG, noise)
     images = [{"id": int(i), "file_name": "synthetic_%06d" % i, "synthetic_scene": scene}
