@@ -67,11 +67,13 @@ QUICK      ?= results/coco-quick$(AC_SUFFIX)
 DEMO       ?= results/synthetic$(AC_SUFFIX)
 DEMO_WORLD ?= results/synthetic/world
 
-# JOBS=N: runs at once, each in its own process on cores/N BLAS threads (empty: one per core,
-# as many as fit in memory). `make replicate` prints how long it will take first (a ~1 min
+# JOBS=N: runs at once, each in its own process on its share of the cores (its row pool; BLAS
+# on one thread; empty: one run per core, as many as fit in memory). THREADS=T: cores per run
+# (--threads T; with JOBS=1, T cores for the one run). `make replicate` prints how long it will take first (a ~1 min
 # timing); `make eta` / `make eta-quick` print only that, with the same flags, write nothing.
 JOBS       ?=
-JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS))
+THREADS    ?=
+JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS)) $(if $(THREADS),--threads $(THREADS))
 REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
 	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) $(JOBS_FLAG)
 

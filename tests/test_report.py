@@ -296,6 +296,10 @@ def test_side_by_side_table_of_two_directories(evaluated, text_only, tmp_path, c
     assert f"| untrained encoder, causal (next_token) | {mean_std(ra['untrained']['causal']['mutual_knn'])} | pending | {mean_std(ua)} |" in text
     with pytest.raises(ValueError, match="only for a side-by-side table"):
         run_report(parser.parse_args([str(a), "--out", str(tmp_path / "x.md")]))
+    protocol.update(kind="scaling", sizes=[[16, 1]])               # as if `scaling` wrote it
+    (b / "protocol.json").write_text(json.dumps(protocol))
+    with pytest.raises(ValueError, match=f"^{b}: a scaling sweep; `report DIR_A DIR_B` compares"):
+        run_report(parser.parse_args([str(a), str(b)]))
 
 
 def test_replicate_refuses_to_mix_regularisers_in_one_directory(text_only, tmp_path, capsys):
@@ -311,3 +315,22 @@ def test_replicate_refuses_to_mix_regularisers_in_one_directory(text_only, tmp_p
         f"--anticollapse sigreg needs its own results directory, e.g. --out {out}-sigreg "
         f"(`make ... ANTICOLLAPSE=sigreg` uses one)"]
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_objectives_below_the_untrained_encoder_are_named():
+    ms = lambda mean: {"mean": mean, "std": 0.0}
+    results = {"untrained": {"bidirectional": {"objectives": ["good_views", "bad_views"],
+                                               "mutual_knn": ms(0.085), "R@1": ms(0.576)},
+                             "causal": {"objectives": ["next_token"], "mutual_knn": ms(0.079),
+                                        "R@1": None}},
+               "objectives": {"good_views": {"mutual_knn": ms(0.092), "R@1": ms(0.162)},
+                              "bad_views": {"mutual_knn": ms(0.040), "R@1": ms(0.022)},
+                              "next_token": {"mutual_knn": ms(0.053), "R@1": ms(0.048)}}}
+    assert report.below_untrained_lines(results) == [
+        "", "Below the untrained encoder: bad_views, next_token in mutual-kNN@10; good_views, "
+        "bad_views in R@1, caption → image. Training with these moved the text embeddings away "
+        "from an alignment the architecture already has at random initialisation; read every "
+        "gain against that row, not against chance."]
+    results["objectives"]["bad_views"] = results["objectives"]["next_token"] = {}
+    results["untrained"]["bidirectional"]["R@1"] = ms(0.1)
+    assert report.below_untrained_lines(results) == []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import cli, replicate, scaling_report, scaling_run, synthetic
+from minialign.machinery import baselines, cli, replicate, scaling_report, scaling_run, synthetic
 from minialign.machinery.embeddings import load_embeddings
 from minialign.machinery.jobs import makespan
 from minialign.machinery.rundir import is_finished
@@ -54,6 +54,8 @@ def test_trend_verdicts():
     assert one_size["slope"] is None and one_size["sizes"] == 1
     assert "not resolved" in trend_sentence(one_size, "mutual_knn")
     assert "shrinks with encoder size" in trend_sentence(gap_trend(shrinking), "mutual_knn")
+    assert trend_sentence(flat, "mutual_knn").startswith(
+        "The good_views − next_token gap in mutual_knn is not resolved at these sizes: slope +0.0000 ±")
 
 
 # ---------------------------------------------------------------- planning
@@ -182,7 +184,8 @@ def sweep(tmp_path_factory):
     mp.undo()
     assert cli.main(["report", str(out)]) == 0          # the report command finds the sweep
     return {"out": out, "calls": calls, "protocol": protocol, "text_only": text_only,
-            "md_text_only": md_text_only, "results": json.loads((out / "results.json").read_text())}
+            "md_text_only": md_text_only, "results": json.loads((out / "results.json").read_text()),
+            "embeddings": embeddings}
 
 
 def test_rerun_skips_finished_runs_and_resumes_the_stopped_one(sweep):
@@ -204,7 +207,7 @@ def test_text_only_report_has_pending_image_columns_and_a_computed_trend(sweep):
     check_rows_and_trend(sweep, results, "paraphrase_R@1")
     for d in (8, 16):
         line = next(l for l in md.splitlines() if l.startswith(f"| {d} | 1 | 1 |"))
-        assert line.count("pending") == 3
+        assert line.count("pending") == 4        # 3 objectives' and the untrained encoder's
     assert results["trend_sentence"] in md and "Image alignment pending: 0 of 12" in md
 
 
@@ -214,6 +217,18 @@ def test_rerun_with_embeddings_fills_the_image_columns(sweep):
     check_rows_and_trend(sweep, results, "mutual_knn")
     assert "pending" not in md and results["trend_sentence"] in md
     assert (sweep["out"] / "fig_scaling.png").stat().st_size > 10_000
+    # the untrained encoder of each size, computed afresh: each seed's step-0 weights
+    emb = load_embeddings(sweep["embeddings"])
+    for row in results["sizes"]:
+        size = (row["d_model"], row["n_layers"])
+        fresh = baselines.untrained_scores(sweep["protocol"], emb, size)
+        for kind in ("bidirectional", "causal"):
+            want = [t["mutual_knn"] for t in fresh[kind]["test"]]
+            assert row["untrained"][kind]["mutual_knn"]["values"] == want
+        cells = [f"{np.mean([t['mutual_knn'] for t in fresh[k]['test']]):.3f} ± "
+                 f"{np.std([t['mutual_knn'] for t in fresh[k]['test']], ddof=1):.3f}"
+                 for k in ("bidirectional", "causal")]
+        assert f"| {' / '.join(cells)} |" in md
 
 
 def check_rows_and_trend(sweep, results, metric):

@@ -69,11 +69,11 @@ def untrained_test(cfg, data, emb, causal):
     return out
 
 
-def untrained_scores(protocol, emb):
+def untrained_scores(protocol, emb, size=None):
     """{attention: {"objectives": those trained with it, "seeds": protocol.seeds, "test": one
     untrained_test dict per seed}} for each attention among protocol.objectives.
-    emb: ImageEmbeddings or None (paraphrase R@1 only)."""
-    cfg = run_config(protocol, protocol.objectives[0], protocol.seeds[0])
+    emb: ImageEmbeddings or None (paraphrase R@1 only); size: (D, L) of a scaling sweep."""
+    cfg = run_config(protocol, protocol.objectives[0], protocol.seeds[0], size=size)
     data = prepare(cfg)                     # captions, split, tokenizer: shared by every run
     model = dataclasses.replace(cfg.model, vocab_size=data["tokenizer"].vocab_size)
     out = {}
@@ -87,26 +87,33 @@ def untrained_scores(protocol, emb):
     return out
 
 
-def baselines_key(protocol, embeddings):
-    """What the saved numbers depend on: captions, split, vocabulary, model, seeds, objectives
-    and the image embeddings' sha256 (None: text side only)."""
+def baselines_key(protocol, embeddings, size=None):
+    """What the saved numbers depend on: captions, split, vocabulary, model (the size's for a
+    sweep), seeds, objectives and the image embeddings' sha256 (None: text side only)."""
     base = protocol.base
+    model = (base if size is None else run_config(protocol, protocol.objectives[0],
+                                                  protocol.seeds[0], size=size)).model
     key = {"captions": base.captions, "split_seed": base.split_seed, "min_count": base.min_count,
-           "model": dataclasses.asdict(base.model), "seeds": list(protocol.seeds),
+           "model": dataclasses.asdict(model), "seeds": list(protocol.seeds),
            "objectives": list(protocol.objectives),
            "embeddings_sha256": embeddings["sha256"] if embeddings else None}
     return json.loads(json.dumps(key))                    # as it reads back from the file
 
 
-def load_baselines(out, protocol, embeddings=None):
-    """The context rows of the results directory `out`: out/baselines.json if it was made for
-    the same baselines_key, else computed now (untrained_scores, and world_ceiling_of_files
-    for a synthetic world) and written there. embeddings: {"path", "sha256"} of the image
+def baselines_path(out, size=None):
+    """out/baselines.json; a sweep's size (D, L): out/baselines-d{D}-l{L}.json."""
+    return Path(out) / (BASELINES if size is None else f"baselines-d{size[0]}-l{size[1]}.json")
+
+
+def load_baselines(out, protocol, embeddings=None, size=None):
+    """The context rows of the results directory `out` (size: of one size (D, L) of a sweep):
+    baselines_path(out, size) if it was made for the same baselines_key, else computed now
+    (untrained_scores, and world_ceiling_of_files for a synthetic world) and written there. embeddings: {"path", "sha256"} of the image
     embeddings the runs were scored against, or None. Returns {"key", "untrained": {...} or
     None, "ceiling": float or None}; untrained is None when the captions file is gone (the
     report then shows "-"). Raises ValueError (one line naming the file) for a damaged
     baselines.json or embeddings file."""
-    path, key = Path(out) / BASELINES, baselines_key(protocol, embeddings)
+    path, key = baselines_path(out, size), baselines_key(protocol, embeddings, size)
     if path.is_file():
         saved = read_json(path, "untrained-encoder and ceiling scores (baselines.json)")
         if saved.get("key") == key:
@@ -123,6 +130,6 @@ def load_baselines(out, protocol, embeddings=None):
                                              split_seed=protocol.base.split_seed)
     result = {"key": key if emb is not None or not embeddings else {**key,
                                                                     "embeddings_sha256": None},
-              "untrained": untrained_scores(protocol, emb), "ceiling": ceiling}
+              "untrained": untrained_scores(protocol, emb, size), "ceiling": ceiling}
     atomic_write_json(path, result)
     return result

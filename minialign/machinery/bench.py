@@ -196,7 +196,7 @@ def run_child(name, args, env):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-ROW = "{:<11} {:>3} {:>8} {:>14} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>7}"
+ROW = "{:<11} {:>3} {:>8} {:>14} {:>10} {:>8} {:>9} {:>7} {:>7} {:>8} {:>7}"
 
 
 def print_header(args, info):
@@ -213,7 +213,7 @@ def print_header(args, info):
     print("FLOPs: matmuls only, linear layers on real tokens, attention per length group "
           "(minialign/machinery/gemms.py); GEMM ms: those matmuls replayed alone")
     print(ROW.format("objective", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
-                     "peak", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
+                     "peak GF/s", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
 
 
 def print_row(r):

@@ -177,10 +177,13 @@ def add_bench_args(p):
                    help="untimed steps first, >= 0")
     p.add_argument("--fixed-length", type=nonnegative_int, default=0, metavar="T",
                    help=f"time {bench.FIXED_CAPTIONS} captions of exactly T random word ids "
-                   f"(no padding, T <= --max-len) instead of COCO batches; 0: COCO batches")
+                   f"(no padding, 1 <= T <= 64, the model's max_len) instead of COCO batches; 0: "
+                   f"COCO batches")
     p.add_argument("--json", action="store_true", help="one JSON object per objective")
     p.add_argument("--unset-openblas-env", action="store_true",
-                   help="run the children without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
+                   help="run the children without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE "
+                   "(set on some machines to pin OpenBLAS's kernel and cache size; this shows "
+                   "the speed without them)")
     p.add_argument("--only", choices=sorted(OBJECTIVES),
                    help="benchmark one objective in this process (what each child runs)")
     add_config_flags(p, BENCH_FIELDS, TrainConfig())

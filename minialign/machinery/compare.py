@@ -12,6 +12,7 @@ The protocols should differ in the anti-collapse term only; any other difference
 above the table. Printed, and written to FILE (default: compare_<A>_<B>.md in the first
 directory's parent, i.e. beside the directories).
 """
+import json
 from pathlib import Path
 
 from .figures import LABELS
@@ -119,9 +120,15 @@ def run_compare(dirs, out=None):
     dirs = [Path(d) for d in dirs]
     if len({d.resolve() for d in dirs}) < len(dirs):
         raise ValueError(f"{dirs[0]}: a directory is given twice; compare different ones")
+    kinds = {}
     for d in dirs:
         if not (d / "protocol.json").is_file():
             raise FileNotFoundError(f"{d}: no protocol.json; not a `replicate` results directory")
+        kinds[d] = json.loads((d / "protocol.json").read_text()).get("kind", "replicate")
+    if any(kind != "replicate" for kind in kinds.values()):
+        d, kind = next((d, k) for d, k in kinds.items() if k != "replicate")
+        raise ValueError(f"{d}: a {kind} sweep; `report DIR_A DIR_B` compares replicate "
+                         f"directories (report a sweep on its own: `report {d}`)")
     text = format_compare(dirs, [collect(d) for d in dirs])
     out = Path(out) if out else default_path(dirs)
     atomic_write_bytes(out, text.encode())

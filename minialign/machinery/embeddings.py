@@ -218,11 +218,11 @@ def join_on_ids(caption_image_ids, emb):
 
 def describe_join(report):
     """One line for a log: how many captions and photos joined, and what was left out."""
+    left = [f"{report[key]} {what}" + (f" (e.g. {report[key + '_examples']})" if report[key] else "")
+            for key, what in (("caption_ids_only", "captioned photos have no embedding"),
+                              ("embedding_ids_only", "embedded photos have no caption"))]
     return (f"{report['file']}: {report['matched_captions']} captions of "
-            f"{report['matched_images']} photos joined; {report['caption_ids_only']} captioned "
-            f"photos have no embedding (e.g. {report['caption_ids_only_examples']}), "
-            f"{report['embedding_ids_only']} embedded photos have no caption "
-            f"(e.g. {report['embedding_ids_only_examples']})")
+            f"{report['matched_images']} photos joined; " + ", ".join(left))
 
 
 def sha256_file(path):

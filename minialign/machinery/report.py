@@ -239,7 +239,26 @@ def context_lines(results):
             f"`{results['protocol']['base']['captions']}` is not at hand).")
     return [line + (" World ceiling: mutual-kNN@10 between the synthetic world's scene factors "
                     "and its image embeddings on the test photos, what an encoder that recovered "
-                    "every scene exactly would score." if results["ceiling"] is not None else "")]
+                    "every scene exactly would score." if results["ceiling"] is not None else "")
+            ] + below_untrained_lines(results)
+
+
+def below_untrained_lines(results):
+    """A sentence naming, per image metric, the objectives whose test mean is below the
+    untrained encoder of their own attention (none: no sentence)."""
+    below = {}
+    for key in ("mutual_knn", "R@1"):
+        for row in results["untrained"].values():
+            for obj in row["objectives"]:
+                mine, base = results["objectives"].get(obj, {}).get(key), row.get(key)
+                if mine and base and mine["mean"] < base["mean"]:
+                    below.setdefault(key, []).append(obj)
+    if not below:
+        return []
+    which = "; ".join(f"{', '.join(objs)} in {LABELS[key]}" for key, objs in below.items())
+    return ["", f"Below the untrained encoder: {which}. Training with these moved the text "
+                f"embeddings away from an alignment the architecture already has at random "
+                f"initialisation; read every gain against that row, not against chance."]
 
 
 def difference_lines(results):

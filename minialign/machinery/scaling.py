@@ -80,12 +80,13 @@ def gap_trend(points):
 
 def trend_sentence(trend, metric):
     """One line for results.md, computed from gap_trend's dict."""
+    gap = f"The good_views − next_token gap in {metric}"
     if trend["slope"] is None:
-        return (f"The good views - next-token gap in {metric}: not resolved at these sizes "
-                f"({trend['n']} finished size/seed pairs over {trend['sizes']} sizes; the fit "
-                f"needs at least 3 pairs over 2 sizes).")
-    return (f"The good views - next-token gap in {metric} {trend['verdict']}"
-            f"{'' if trend['verdict'].startswith('not') else ' with encoder size'}: slope "
-            f"{trend['slope']:+.4f} +- {trend['se']:.4f} per decade of parameters (OLS over "
-            f"{trend['n']} size/seed pairs, {trend['sizes']} sizes; called when |slope| > "
-            f"{SLOPE_SIGMAS} standard errors).")
+        return (f"{gap}: not resolved at these sizes ({trend['n']} finished size/seed pairs "
+                f"over {trend['sizes']} sizes; the fit needs at least 3 pairs over 2 sizes).")
+    verdict = (f"is {trend['verdict']}" if trend["verdict"].startswith("not")
+               else f"{trend['verdict']} with encoder size")
+    return (f"{gap} {verdict}: slope {trend['slope']:+.4f} ± {trend['se']:.4f} per tenfold "
+            f"increase in parameters (a least-squares line through {trend['n']} size/seed "
+            f"pairs, {trend['sizes']} sizes; called only when |slope| > {SLOPE_SIGMAS} "
+            f"standard errors).")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .figures import (COLOURS, GREY, INK, LABELS, axes, canvas, dot, font, hline, legend,
                       save_png)
+from .baselines import load_baselines
 from .files import atomic_write_bytes, atomic_write_json, read_json
 from .protocol import load_protocol, run_config, run_name
 from .report import TEXT_KEY, cell, environment_lines, fmt, mean_std, run_numbers
@@ -29,6 +30,7 @@ from .scaling import count_params, gap_trend, size_config, trend_sentence
 FIGURE = "fig_scaling.png"
 IMAGE_KEY = "mutual_knn"
 GAP = ("good_views", "next_token")        # the gap: first minus second, per seed
+UNTRAINED = ("bidirectional", "causal")   # baselines.ATTENTION's names, in table order
 
 
 # ---------------------------------------------------------------- numbers
@@ -57,13 +59,18 @@ def collect(out):
     finished = [r for r in runs.values() if r["status"] == "finished"]
     image = bool(finished) and all(IMAGE_KEY in r["test"] for r in finished)
     metric = IMAGE_KEY if image else TEXT_KEY
+    embeddings = finished[0].get("embeddings_file") if image else None
     sizes, points = [], []
     for size in protocol.sizes:
         cfg = size_config(*size, V or protocol.base.model.vocab_size, protocol.base.model.max_len)
         done = {obj: {r["seed"]: r for r in finished if r["objective"] == obj
                       and r["size"] == list(size)} for obj in protocol.objectives}
+        untrained = load_baselines(out, protocol, embeddings, size)["untrained"] or {}
         row = {"d_model": size[0], "n_layers": size[1], "n_heads": cfg.n_heads,
-               "params": count_params(cfg) if V else None, "objectives": {}}
+               "params": count_params(cfg) if V else None, "objectives": {},
+               "untrained": {kind: {key: mean_std([t[key] for t in u["test"] if key in t])
+                                    for key in (IMAGE_KEY, TEXT_KEY)}
+                             for kind, u in untrained.items()}}
         for obj, by_seed in done.items():
             row["objectives"][obj] = {"seeds": sorted(by_seed), **{
                 key: mean_std([by_seed[s]["test"][key] for s in sorted(by_seed)])
@@ -111,12 +118,15 @@ def format_markdown(results):
              f"seeds; {results['finished_runs']} of {results['planned_runs']} runs finished. "
              f"Gap = good_views − next_token in test {LABELS[metric]}, per seed.", "",
              "| D | L | H | params | " + " | ".join(f"{o} mutual-kNN@10" for o in objs) + " | "
+             + "untrained mutual-kNN@10, " + " / ".join(UNTRAINED) + " | "
              + " | ".join(f"{o} paraphrase R@1" for o in objs) + " | gap |",
-             "|" + "---:|" * (5 + 2 * len(objs))]
+             "|" + "---:|" * (6 + 2 * len(objs))]
     for row in results["sizes"]:
         cells = [str(row["d_model"]), str(row["n_layers"]), str(row["n_heads"]),
                  params_text(row["params"])]
         cells += [cell(row["objectives"][o].get(IMAGE_KEY), not image)[0] for o in objs]
+        cells.append(" / ".join(cell(row["untrained"].get(kind, {}).get(IMAGE_KEY), False)[0]
+                                for kind in UNTRAINED) if image else "pending")
         cells += [cell(row["objectives"][o][TEXT_KEY], False)[0] for o in objs]
         gap = row["gap"]["summary"]
         cells.append("-" if gap is None else fmt(gap["mean"], sign=True)
@@ -124,9 +134,13 @@ def format_markdown(results):
         lines.append("| " + " | ".join(cells) + " |")
     chance = results["chance"]
     lines.append("| chance | | | | " + " | ".join(
-        [fmt(chance.get(IMAGE_KEY)) if image else "pending"] * len(objs)
+        [fmt(chance.get(IMAGE_KEY)) if image else "pending"] * len(objs) + [""]
         + [fmt(chance.get(TEXT_KEY))] * len(objs)) + " | |")
-    lines += ["", results["trend_sentence"], ""]
+    lines += ["", results["trend_sentence"], "",
+              "Untrained: each seed's encoder of that size at initialisation (the weights its runs "
+              "start from), scored like the runs (baselines.py), with bidirectional / causal "
+              "attention: what the architecture gives before any training. A gain is the "
+              "distance above it, not above chance.", ""]
     if not image:
         lines += [f"Image alignment pending: {results['evaluated_runs']} of "
                   f"{results['finished_runs']} finished runs have been scored against the image "
@@ -178,7 +192,8 @@ def fig_scaling(results, path):
     x_range = (min(params) / 10 ** 0.2, max(params) * 10 ** 0.2)
     what = LABELS[metric] + ("" if results["image"] else " (image pending)")
     px = panel(draw, (130, 170, 760, 730), x_range,
-               [v for pts in series.values() for _, row in pts for v in row["values"]],
+               [v for pts in series.values() for _, row in pts for v in row["values"]]
+               + [u[key]["mean"] for s in sizes for u in s["untrained"].values() if u.get(key)],
                f"test {what}")
     for j, (obj, pts) in enumerate(series.items()):
         colour = COLOURS.get(obj, GREY)
@@ -191,6 +206,17 @@ def fig_scaling(results, path):
     if results["chance"].get(metric) is not None:
         hline(draw, px, *x_range, results["chance"][metric],
               f"chance {results['chance'][metric]:.3f}")
+    base = [(s["params"], s["untrained"]["bidirectional"][key]["mean"]) for s in sizes
+            if (s["untrained"].get("bidirectional") or {}).get(key)]
+    if len(base) > 1:                                   # the untrained encoder, dashed
+        line = [px(p, v) for p, v in base]
+        for a, b in zip(line, line[1:]):
+            for t in range(0, 10, 2):
+                draw.line([(a[0] + (b[0] - a[0]) * t / 10, a[1] + (b[1] - a[1]) * t / 10),
+                           (a[0] + (b[0] - a[0]) * (t + 1) / 10,
+                            a[1] + (b[1] - a[1]) * (t + 1) / 10)], fill=GREY, width=4)
+        draw.text((line[-1][0] + 8, line[-1][1]), "untrained", font=font(22), fill=GREY,
+                  anchor="lm")
     gaps = [(s["params"], s["gap"]) for s in sizes if s["gap"]["per_seed"]]
     px = panel(draw, (930, 170, 1540, 730), x_range,
                [g for _, gap in gaps for g in gap["per_seed"]],

@@ -163,9 +163,10 @@ def hand_over(protocol, args, emb, vocab_size, wanted=wanted_runs):
           f"run(s), {threads} core(s) and {mem_mb} MB each:\n  "
           + "\n  ".join(name for name, _ in tasks), flush=True)
     if not (args.submit or args.wait):
-        print(f"[slurm] submit it with:  sbatch {script}\n[slurm] rerun this command to "
-              f"submit what is missing; `python -m minialign report {out}` assembles what has "
-              f"finished", flush=True)
+        print(f"[slurm] submit it with:  sbatch {script}  (or rerun with --submit); once it "
+              f"has run, rerun with --submit to submit what is missing (the lr search's "
+              f"extensions), or use --wait for all of it; `python -m minialign report {out}` "
+              f"assembles what has finished", flush=True)
         return None, {name: i for i, (name, _) in enumerate(tasks)}, held
     job_id = slurm.submit(script)
     print(f"[slurm] submitted job {job_id} (logs: {script.parent / 'logs'}/{job_id}_<task>.log)",
