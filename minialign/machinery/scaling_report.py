@@ -228,7 +228,7 @@ def fig_scaling(results, path):
     if len(gaps) > 1:
         draw.line([px(p, gap["summary"]["mean"]) for p, gap in gaps], fill=INK, width=4)
     t = results["trend"]
-    verdict = (f"slope {t['slope']:+.3f} ± {t['se']:.3f} / decade: {t['verdict']}"
+    verdict = (f"slope {t['slope']:+.3f} ± {t['se']:.3f} per tenfold parameters: {t['verdict']}"
                if t["slope"] is not None else t["verdict"])
     draw.text((1235, 812), verdict, font=font(26), fill=INK, anchor="ma")
     legend(draw, (130, 860), [(o, COLOURS.get(o, GREY)) for o in series])
