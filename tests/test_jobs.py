@@ -50,6 +50,9 @@ def test_eta_line_counts_the_runs_in_progress_and_the_slots():
     assert line.startswith("1/4 runs done, ETA 5 min (")
     assert replicate.eta_line(tally, 100, jobs=1, busy=[150]) .startswith(
         "1/4 runs done, ETA 8 min (")                             # 150 + 100 + 200 = 450 s
+    tally["extensions_left"] = 2                     # the lr search may add 2 runs
+    assert replicate.eta_line(tally, 100, jobs=2, busy=[150]).startswith(
+        "1/4 runs done (+ up to 2 if the lr search extends its grid), ETA 5 min (")
 
 
 def test_run_seconds_and_grid_estimate_by_hand(tmp_path):

@@ -57,6 +57,8 @@ def eta_line(tally, steps, jobs=1, busy=()):
     in them."""
     rates = {obj: float(np.mean(ms)) / 1000 for obj, ms in tally["ms_per_step"].items()}
     line = f"{tally['done']}/{tally['total']} runs done"
+    if tally.get("extensions_left"):           # the lr search may still add runs
+        line += f" (+ up to {tally['extensions_left']} if the lr search extends its grid)"
     if not rates:
         return line + ", ETA after the first run"
     fallback = float(np.mean(list(rates.values())))
@@ -158,8 +160,9 @@ def new_tally(protocol, out):
     """The grid's bookkeeping: runs planned, done, pending, and the ms/step of every planned
     run measured in an earlier session."""
     planned = {run_name(cfg) for cfg in planned_runs(protocol)}
+    searched = len(protocol.objectives) if protocol.lr_per_decade else 0
     tally = {"done": 0, "total": len(planned), "pending": set(planned), "ms_per_step": {},
-             "running": {}}
+             "running": {}, "extensions_left": searched * protocol.max_extensions}
     for name in sorted(planned):
         metrics = read_metrics(out / "runs" / name)
         if "ms_per_step" in metrics:                       # measured in an earlier session
@@ -184,6 +187,7 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
                 if name not in tally["pending"]:           # an extension of the lr grid
                     tally["pending"].add(name)
                     tally["total"] += 1
+                    tally["extensions_left"] = max(0, tally["extensions_left"] - 1)
                 if jobs == 1 or is_finished(out / "runs" / name) and not needs_evaluation(
                         out / "runs" / name, emb):
                     run_one(out, cfg, emb, tally, progress)
