@@ -18,6 +18,7 @@ from minialign.machinery import cli, slurm, slurm_runs, synthetic
 from minialign.machinery.flags import TRAIN_FLAGS
 from minialign.machinery.protocol import Protocol, run_name
 from minialign.model import ModelConfig
+from test_jobs import numbers  # results.json less wall times, folder, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_SLURM = slurm.available()
@@ -238,14 +239,6 @@ def run_cli(argv):
     return done.stdout
 
 
-def numbers(out):
-    """results.json without what differs run to run: wall times, the folder, the machine."""
-    def strip(x):
-        if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items()
-                    if k not in ("wall_seconds", "dataset", "environment")}
-        return [strip(v) for v in x] if isinstance(x, list) else x
-    return strip(json.loads((Path(out) / "results.json").read_text()))
 
 
 @pytest.mark.skipif(NO_SLURM is not None, reason=f"no Slurm here: {NO_SLURM}; {START_HINT}")
