@@ -270,7 +270,7 @@ def test_dry_run_times_each_objective_prints_the_plan_and_writes_nothing(world, 
     assert cli.main(grid_argv(world, out, "--jobs", "2", "--threads", "1", "--dry-run")) == 0
     lines = capsys.readouterr().out.splitlines()
     plan = next(line for line in lines if line.startswith("[estimate] plan:"))
-    assert plan.startswith("[estimate] plan: 4 of 4 runs left (2 objectives x 1 seeds, lr "
+    assert plan.startswith("[estimate] plan: 4 of 4 runs left (2 objectives x 1 seed, lr "
                            "search 1.00e-03..1.00e-02, 1/decade), 24 steps x 16 photos each")
     assert plan.endswith("--jobs 2 x --threads 1")
     measured = next(line for line in lines if line.startswith("[estimate] measured with 2 "))

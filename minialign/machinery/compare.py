@@ -123,7 +123,8 @@ def run_compare(dirs, out=None):
     kinds = {}
     for d in dirs:
         if not (d / "protocol.json").is_file():
-            raise FileNotFoundError(f"{d}: no protocol.json; not a `replicate` results directory")
+            raise FileNotFoundError(f"{d}: no such directory" if not d.is_dir() else
+                                    f"{d}: no protocol.json; not a `replicate` results directory")
         kinds[d] = json.loads((d / "protocol.json").read_text()).get("kind", "replicate")
     if any(kind != "replicate" for kind in kinds.values()):
         d, kind = next((d, k) for d, k in kinds.items() if k != "replicate")

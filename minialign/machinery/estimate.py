@@ -151,7 +151,7 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
              f"({estimate['extensions']} more runs)" if estimate["extensions"] else "")
     return "\n".join([
         f"[estimate] plan: {estimate['left']} of {estimate['runs']} runs left "
-        f"({len(protocol.objectives)} objectives x {len(protocol.seeds)} seeds, {search}), "
+        f"({len(protocol.objectives)} objectives x {len(protocol.seeds)} seed{'s' if len(protocol.seeds) != 1 else ''}, {search}), "
         f"{b.steps} steps x {b.batch_photos} photos each, val evaluation every "
         f"{b.eval_every} steps; --jobs {jobs} x --threads {threads}",
         f"[estimate] measured with {jobs} timing process(es) at once, {threads} thread(s) "

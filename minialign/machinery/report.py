@@ -324,7 +324,8 @@ def build_report(out):
 def run_report(out):
     """`python -m minialign report DIR`: rebuild the table and figures, print the table."""
     if not (out / "protocol.json").is_file():
-        raise FileNotFoundError(f"{out}: no protocol.json; not a `replicate` results directory")
+        raise FileNotFoundError(f"{out}: no such directory" if not out.is_dir() else
+                                    f"{out}: no protocol.json; not a `replicate` results directory")
     results = build_report(out)
     print(format_markdown(results).split("\n## ")[0])
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and "
