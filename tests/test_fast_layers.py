@@ -9,8 +9,9 @@ from gradcheck import check_layer, numerical_grad, rel_err
 from minialign.layers import (attention_bias, gelu_backward, gelu_forward, mean_pool_backward,
                               mean_pool_forward, mha_backward, mha_forward)
 from minialign.losses import cross_entropy
+from minialign.machinery import rows
 from minialign.machinery.fast_rows import gelu_backward_fast, gelu_forward_fast
-from minialign.machinery.fast_layers import (HEAD_CHUNK, AttentionGroup, attention_scale,
+from minialign.machinery.fast_layers import (AttentionGroup, attention_scale,
                                              cross_entropy_fast, group_heads,
                                              mean_pool_backward_fast, mean_pool_forward_fast,
                                              mha_backward_fast, mha_forward_fast, packed_layout,
@@ -226,12 +227,11 @@ def test_fast_layers_keep_float32():
     assert gelu_forward_fast(x)[0].dtype == np.float32
 
 
-@pytest.mark.parametrize("n", (5, 3 * HEAD_CHUNK // 2 + 7))
+@pytest.mark.parametrize("n", (5, 3 * rows.GEMM_BLOCK + 7))
 def test_fused_tied_head_gives_the_three_calls_bit_for_bit(n):
     """tied_head_cross_entropy_fast == lm_head_forward, cross_entropy_fast, lm_head_backward:
-    loss, dhf and the head's dtok_emb, the same bits (float32; one and two chunks), on 1 and
-    2 threads."""
-    from minialign.machinery import rows
+    loss, dhf and the head's dtok_emb, the same bits (float32; one block, and blocks of 512, 512,
+    256, 128, 64, 64, 7 rows), on 1 and 2 threads."""
     from minialign.model import lm_head_backward, lm_head_forward
     rng = np.random.default_rng(n)
     V, D = 37, 8

@@ -82,9 +82,10 @@ def test_run_memory_by_hand():
     # = 792,723,456 B; weights 4 copies x 4 B x (5814 x 256 + 4 x 12 x 256^2) = 74,145,792 B
     expected = 1.15 * (90 + (792_723_456 + 74_145_792) / 2**20)
     assert jobs.run_memory_mb(cfg, vocab_size=5814) == pytest.approx(expected, rel=1e-12)
-    # next_token's fused head: ceil(6912 / 512) = 14 partials of dtok_emb + dtok_emb, each
-    # 5814 x 256 x 4 B, and 4 logits chunks of 512 x 5814 x 4 B
-    head = 1.15 * (15 * 5814 * 256 * 4 + 4 * 512 * 5814 * 4) / 2**20
+    # next_token's fused head: 17 partials of dtok_emb (rows.gemm_blocks(6912): 12 x 512, then
+    # 256, 256, 128, 64, 64) + dtok_emb, each 5814 x 256 x 4 B, and 4 logits blocks of
+    # 512 x 5814 x 4 B
+    head = 1.15 * (18 * 5814 * 256 * 4 + 4 * 512 * 5814 * 4) / 2**20
     nt = train.TrainConfig(objective="next_token")
     assert jobs.run_memory_mb(nt, 5814) - jobs.run_memory_mb(cfg, 5814) == pytest.approx(head)
     half = train.TrainConfig(batch_photos=128)         # activations halve, the rest stays

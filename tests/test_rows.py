@@ -23,7 +23,7 @@ from minialign.train import TrainConfig, train_step
 from minialign.optim import adam_init
 
 # row counts: under one block, a block and one row, several blocks with a ragged last one,
-# and more than one weight-gradient partial (rows.REDUCE_BLOCKS blocks each)
+# and (with small_blocks' GEMM blocks) every size of rows.gemm_blocks' taper
 ROW_COUNTS = (5, rows.ROW_BLOCK + 1, 3 * rows.ROW_BLOCK + 17, 9 * rows.ROW_BLOCK + 3)
 # float32 against the float64-exact reference: the fast path adds in other orders (per row
 # block, partials in block order) and rounds its constants to float32; each output is a sum of
@@ -35,9 +35,12 @@ FLOAT64_TOL = 1e-12  # the same maths in float64: only the order of additions di
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     """Element-wise blocks of ROW_BLOCK rows at these tests' width D = 12 (block_rows reads
-    BLOCK_ELEMENTS at the call), so the row counts above span several blocks at every width,
-    as the (n, 256) and (n, 1024) rows of a training step do."""
+    BLOCK_ELEMENTS at the call) and GEMM blocks of 64 rows tapering to 8 (gemm_blocks reads
+    GEMM_BLOCK and GEMM_TAIL at the call), so the row counts above span several blocks of each
+    kind, as the (n, 256) and (n, 1024) rows of a training step do."""
     monkeypatch.setattr(rows, "BLOCK_ELEMENTS", 12 * rows.ROW_BLOCK)
+    monkeypatch.setattr(rows, "GEMM_BLOCK", 64)
+    monkeypatch.setattr(rows, "GEMM_TAIL", 8)
 
 
 @pytest.fixture
@@ -104,7 +107,7 @@ def test_rows_layers_bit_identical_for_any_thread_count(n, pool_threads):
 def test_rows_layers_against_finite_differences():
     """Gradient checks (float64, every element) with several row blocks and partials."""
     rng = np.random.default_rng(3)
-    n, D, F = rows.ROW_BLOCK * rows.REDUCE_BLOCKS + 5, 3, 4        # 2 weight-gradient partials
+    n, D, F = 2 * rows.GEMM_BLOCK + 5, 3, 4        # weight-gradient partials: 64, 32, 16, 8, 8, 5
     x = rng.standard_normal((n, D))
     check_layer(layernorm_forward_rows, layernorm_backward_rows,
                 dict(x=x, gamma=rng.standard_normal(D), beta=rng.standard_normal(D)), (n, D), rng)

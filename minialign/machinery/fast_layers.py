@@ -38,12 +38,10 @@ import numpy as np
 
 from ..layers import attention_bias, split_heads
 from .fast_rows import linear_backward_rows, linear_forward_rows
-from .rows import GEMM_BLOCK, REDUCE_BLOCKS, ROW_BLOCK, row_blocks, run, sum_partials
+from .rows import gemm_blocks, row_blocks, run, sum_partials
 
 ATTENTION_GROUP = 64  # at most this many equal-length captions per attention group
 CE_BLOCK = 32  # logits rows per fused cross-entropy block: 32 x 5814 float32 = 0.7 MB, in L2
-HEAD_CHUNK = ROW_BLOCK * REDUCE_BLOCKS  # rows per chunk of the fused tied head: 512 x V logits
-assert HEAD_CHUNK % GEMM_BLOCK == 0     # a chunk's GEMMs are rows.matmul_rows' blocks
 
 
 # ---------------------------------------------------------------- packed layout and groups
@@ -261,10 +259,10 @@ def cross_entropy_rows(logits, targets, start, stop, n, nll):
 
 def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
     """model.lm_head_forward, cross_entropy_fast and model.lm_head_backward in one pass over
-    chunks of HEAD_CHUNK rows, never holding all (n, V) logits (150 MB at the default batch):
-    per chunk, on the pool: logits = hf_c tok_emb^T (one GEMM_BLOCK GEMM at a time, as
-    rows.matmul_rows), cross_entropy_rows in place on its blocks, dhf_c = dlogits_c tok_emb,
-    and the chunk's partial dlogits_c^T hf_c of dtok_emb, added in chunk order (as
+    the row blocks of rows.gemm_blocks(n) (at most 512 rows), never holding all (n, V) logits
+    (150 MB at the default batch): per block, on the pool: logits = hf_b tok_emb^T (as
+    rows.matmul_rows), cross_entropy_rows in place on its CE blocks, dhf_b = dlogits_b tok_emb,
+    and the block's partial dlogits_b^T hf_b of dtok_emb, added in block order (as
     rows.matmul_tn_rows): the same products on the same rows, so the same bits as the three
     calls (tested). hf: (n, D) final hidden states of the rows with a target; tok_emb: (V, D);
     targets: (n,) int in [0, V). Returns loss (float), dhf (n, D), dtok_emb (V, D) (the head's
@@ -274,21 +272,17 @@ def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
     assert targets.shape == (n,), (targets.shape, n)
     if n == 0:
         raise ValueError("cross_entropy over zero targets")
-    chunks = row_blocks(n, HEAD_CHUNK)
+    chunks = gemm_blocks(n)
     nll = np.empty(n, dtype=np.float64)                                   # (n,) -log p(target)
     dhf = np.empty((n, D), dtype=hf.dtype)                                # (n, D)
     partials = np.empty((len(chunks), V, D), dtype=hf.dtype)              # (P, V, D)
 
     def chunk(i):
         start, stop = chunks[i]
-        logits = np.empty((stop - start, V), dtype=hf.dtype)              # (r, V) this chunk's
-        blocks = row_blocks(stop - start, GEMM_BLOCK)                     # as rows.matmul_rows
-        for s, e in blocks:                                               # forward: hf @ tok_emb^T
-            np.matmul(hf[start + s:start + e], tok_emb.T, out=logits[s:e])
+        logits = hf[start:stop] @ tok_emb.T                               # (r, V) this block's
         for s, e in row_blocks(stop - start, block_rows):                 # in place: dlogits
             cross_entropy_rows(logits, targets[start:stop], s, e, n, nll[start:stop])
-        for s, e in blocks:
-            np.matmul(logits[s:e], tok_emb, out=dhf[start + s:start + e])
+        np.matmul(logits, tok_emb, out=dhf[start:stop])                   # (r, D)
         np.matmul(logits.T, hf[start:stop], out=partials[i])              # (V, D)
 
     run(chunk, len(chunks))

@@ -5,9 +5,9 @@ fast_layers.py holds the rest of the fast path (row layout, attention, pooling, 
 
 Each layer is its layers.py reference as a chain of passes over one ROW BLOCK of the packed
 rows at a time (rows.block_rows(C) rows, 512 KB: the block stays in L2 from pass to pass; a
-linear layer's GEMMs take rows.GEMM_BLOCK rows), the blocks spread over rows.run's threads. Sums over rows (bias, gain and weight gradients) are one partial per
-block (or per rows.REDUCE_BLOCKS blocks), added in block order: the same bits for any number of
-threads. Constants are cast to the array's dtype first (_const), so float32 arrays never meet a
+linear layer's GEMMs take the blocks of rows.gemm_blocks), the blocks spread over rows.run's
+threads. Sums over rows (bias, gain and weight gradients) are one partial per block, added in
+block order: the same bits for any number of threads. Constants are cast to the array's dtype first (_const), so float32 arrays never meet a
 float64 scalar (NumPy 2 would run the float64 loop and round back) and float64 gradient checks
 keep their full-precision constants.
 
@@ -19,7 +19,8 @@ of np.tanh). Both round differently from layers.py, within a few float32 ulps (t
 import numpy as np
 
 from ..layers import GELU_A, GELU_C, LN_EPS
-from .rows import GEMM_BLOCK, block_rows, map_blocks, matmul_tn_rows, row_blocks, run, sum_partials
+from .rows import (block_rows, gemm_blocks, map_blocks, map_partition, matmul_tn_rows, row_blocks,
+                   run, sum_partials)
 
 SCATTER_ROUNDS = 8   # scatter_add_rows: ids read more often than this are summed one by one
 
@@ -103,7 +104,7 @@ def linear_forward_rows(x, w, b):
         np.matmul(x[s:e], w, out=y[s:e])
         y[s:e] += b
 
-    map_blocks(block, len(x), GEMM_BLOCK)
+    map_partition(block, gemm_blocks(len(x)))
     return y, (x, w)
 
 
@@ -111,18 +112,18 @@ def linear_backward_rows(dy, cache):
     """dy: (n, D_out) -> dx (n, D_in), dw (D_in, D_out), db (D_out,); dw and db summed over
     rows per fixed block, then in block order (rows.matmul_tn_rows)."""
     x, w = cache
-    blocks = row_blocks(len(dy), GEMM_BLOCK)
+    blocks = gemm_blocks(len(dy))
     dx = np.empty((len(dy), w.shape[0]), dtype=dy.dtype)                  # (n, D_in)
     db_parts = np.empty((max(len(blocks), 1), w.shape[1]), dtype=dy.dtype)  # (P, D_out)
     db_parts[0] = 0
 
-    ones = np.ones(GEMM_BLOCK, dtype=dy.dtype)                            # (GEMM_BLOCK,)
+    ones = np.ones(max((e - s for s, e in blocks), default=0), dtype=dy.dtype)  # (rows,)
 
     def block(i, s, e):
         np.matmul(dy[s:e], w.T, out=dx[s:e])
         np.matmul(ones[:e - s], dy[s:e], out=db_parts[i])                 # column sums, a GEMV
 
-    map_blocks(block, len(dy), GEMM_BLOCK)
+    map_partition(block, blocks)
     return dx, matmul_tn_rows(x, dy), sum_partials(db_parts)
 
 

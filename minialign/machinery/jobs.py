@@ -36,7 +36,6 @@ from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 
 from . import rows
-from .fast_layers import HEAD_CHUNK
 from .machine import available_cores, keep_freed_memory, use_cores
 
 EXIT_INTERRUPTED = 130     # a child stopped by Ctrl-C (as `python -m minialign`)
@@ -53,7 +52,7 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}    # Ctrl-C; kill, timeout, Slurm
 MEM_BASE_MB = 90               # interpreter, numpy, imports, captions (a tiny run: ~90 MB)
 MEM_BLOCK_BYTES = 86           # per real token x D x block
 MEM_TOKEN_BYTES = 104          # per real token x D, outside the blocks
-MEM_HEAD_CHUNKS = 4            # next_token: 512-row logits chunks alive at once (one per core)
+MEM_HEAD_CHUNKS = 4            # next_token: logits blocks of rows.GEMM_BLOCK rows alive at once
 MEM_MARGIN = 1.15              # headroom over the fit (allocator slack, evaluation batches)
 TOKENS_PER_CAPTION = 13.5      # mean real tokens of a COCO caption, BOS and EOS included
 MEM_SAFETY_MB = 500            # memory left to the rest of the machine, MB
@@ -65,15 +64,16 @@ def run_memory_mb(cfg, vocab_size=None):
     MEM_MARGIN x (MEM_BASE_MB + activations + next_token's head + 4 copies of the weights):
     linear in batch_photos (tokens per step) and n_layers, in d_model but for the weights'
     D^2 terms. next_token's fused head (fast_layers.tied_head_cross_entropy_fast) never holds
-    all (n, V) logits: its n / HEAD_CHUNK partials of dtok_emb (V, D) and dtok_emb itself,
-    plus MEM_HEAD_CHUNKS logits chunks of (HEAD_CHUNK, V) (~0.16 GB of ~1.2 GB at the default
-    size; measured: a next_token bench process peaks ~45 MB above a good_views one).
+    all (n, V) logits: its partials of dtok_emb (V, D), one per block of rows.gemm_blocks(n),
+    and dtok_emb itself, plus MEM_HEAD_CHUNKS logits blocks of (rows.GEMM_BLOCK, V) (~0.16 GB
+    of ~1.2 GB at the default size; measured: a next_token bench process peaks ~45 MB above a good_views one).
     vocab_size: V, else cfg.model.vocab_size."""
     m = cfg.model
     V = vocab_size or m.vocab_size
     n = 2 * cfg.batch_photos * TOKENS_PER_CAPTION                  # real tokens per step
     activations = n * m.d_model * (m.n_layers * MEM_BLOCK_BYTES + MEM_TOKEN_BYTES)
-    head = ((math.ceil(n / HEAD_CHUNK) + 1) * V * m.d_model + MEM_HEAD_CHUNKS * HEAD_CHUNK * V) * 4
+    partials = len(rows.gemm_blocks(math.ceil(n))) + 1
+    head = (partials * V * m.d_model + MEM_HEAD_CHUNKS * rows.GEMM_BLOCK * V) * 4
     head = head if cfg.objective == "next_token" else 0.0
     weights = 4 * 4 * (V * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model ** 2)
     return MEM_MARGIN * (MEM_BASE_MB + (activations + head + weights) / 2**20)

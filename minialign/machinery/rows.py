@@ -30,14 +30,19 @@ Block sizes (measured on this project's 2-core AMD EPYC VMs, 1 MB L2 per core, f
                   calls per block they queue for it (64-row LayerNorm blocks on 2 threads ran
                   slower than on 1). LayerNorm forward on (6694, 256): 11.5 ms in 64-row blocks,
                   3.3 ms in 512-row ones; GELU forward on (6694, 1024): 33 -> 22 ms (2 threads).
-  GEMM_BLOCK      a row-block GEMM (linear layers, matmul_rows, the tied head) takes 256 rows:
-                  OpenBLAS packs the whole weight for every call, which costs a 64-row call
-                  ~25% of its time at (256, 768) and (256, 1024) on one thread (25 vs 33 GFLOP/s).
-                  OpenBLAS's results for a row depend on the call's row count, so the partition
-                  is fixed here and every path that must give the same bits uses the same one.
+  GEMM_BLOCK      a row-block GEMM (linear layers, matmul_rows, weight gradients, the tied
+                  head) takes up to 512 rows: OpenBLAS packs the whole weight for every call,
+                  which costs a 64-row call ~25% of its time at (256, 768) and (256, 1024) on
+                  one thread (25 vs 33 GFLOP/s); 256 and 512 rows run at the same rate.
+  GEMM_TAIL       ... but the last rows of a product go in halving blocks, down to 64 rows
+                  (gemm_blocks): threads claim blocks one at a time, so they finish within one
+                  small block of each other instead of one idling for most of a 512-row block
+                  (measured ~3% of a next_token step with even 256-row blocks).
+                  OpenBLAS's results for a row depend on the call's row count, so this one
+                  partition is used by every GEMM over rows, and a weight gradient x^T dy is one
+                  partial per block of it (summed in block order): the tied head's fused pass
+                  and the three calls it replaces give the same bits.
   ROW_BLOCK       64 rows: the default partition (sum_partials' rows, tests).
-  REDUCE_BLOCKS   a weight gradient's partial x^T dy covers 8 row blocks (512 rows): a few
-                  partials of (D_in, D_out) each instead of one per block (14 x 1 MB at n = 6900).
 """
 import ctypes
 import itertools
@@ -50,8 +55,8 @@ import numpy as np
 
 ROW_BLOCK = 64      # rows per block of the default partition
 BLOCK_ELEMENTS = 131072   # elements per block of an element-wise chain (block_rows; 512 KB float32)
-GEMM_BLOCK = 256    # rows per GEMM of a row-block product (see above: OpenBLAS's packing)
-REDUCE_BLOCKS = 8   # row blocks per partial of a weight gradient (512 rows)
+GEMM_BLOCK = 512    # rows per GEMM of a row-block product (see above: OpenBLAS's packing)
+GEMM_TAIL = 64      # the smallest block of gemm_blocks' taper
 SMALL_SUM = 65536   # sum_partials adds a total smaller than this on the calling thread
 POOL_NAME = "minialign-rows"   # the workers' thread name prefix
 _THREADS = None     # threads the pool runs, set by set_threads (machine.use_cores); None: all
@@ -119,6 +124,21 @@ def row_blocks(n, block=ROW_BLOCK):
     return [(start, min(start + block, n)) for start in range(0, n, block)]
 
 
+def gemm_blocks(n):
+    """The fixed partition of n rows for GEMMs over rows: blocks of GEMM_BLOCK rows, then, where
+    fewer than twice a block's rows are left, blocks halved down to GEMM_TAIL rows, e.g.
+    n = 1300: 512, 256, 256, 128, 64, 64, 20. Depends only on n (rows.GEMM_BLOCK and
+    GEMM_TAIL, read at the call). Returns a list of (start, stop)."""
+    blocks, start = [], 0
+    while start < n:
+        block = GEMM_BLOCK
+        while block > GEMM_TAIL and n - start < 2 * block:
+            block //= 2
+        blocks.append((start, min(start + block, n)))
+        start += block
+    return blocks
+
+
 def run(task, n_items):
     """task(i) for i in range(n_items), spread over threads() threads; returns when all are
     done, re-raising the first exception of any task. Items are claimed one at a time, so a
@@ -179,7 +199,11 @@ def _executor():
 
 def map_blocks(task, n, block=ROW_BLOCK):
     """task(i, start, stop) for every block i of row_blocks(n, block), on the pool."""
-    blocks = row_blocks(n, block)
+    map_partition(task, row_blocks(n, block))
+
+
+def map_partition(task, blocks):
+    """task(i, start, stop) for every (start, stop) = blocks[i] (e.g. gemm_blocks(n)), on the pool."""
     run(lambda i: task(i, *blocks[i]), len(blocks))
 
 
@@ -203,32 +227,31 @@ def sum_partials(partials):
 
 
 def matmul_rows(x, w, out=None):
-    """x @ w with x's rows in blocks of GEMM_BLOCK rows on the pool. x: (n, K); w: (K, M); out:
-    (n, M) or None. Returns out. Each block is one BLAS call: the same bits for any thread count."""
+    """x @ w with x's rows in the blocks of gemm_blocks(n) on the pool. x: (n, K); w: (K, M);
+    out: (n, M) or None. Returns out. Each block is one BLAS call: the same bits for any
+    thread count."""
     n = x.shape[0]
     out = np.empty((n, w.shape[1]), dtype=np.result_type(x, w)) if out is None else out
 
     def block(i, start, stop):
         np.matmul(x[start:stop], w, out=out[start:stop])
 
-    map_blocks(block, n, GEMM_BLOCK)
+    map_partition(block, gemm_blocks(n))
     return out
 
 
 def matmul_tn_rows(x, dy):
     """x^T dy, a sum over rows, for weight gradients. x: (n, K); dy: (n, M). Returns (K, M):
-    one partial per REDUCE_BLOCKS row blocks (fixed), computed on the pool, then sum_partials."""
-    n = x.shape[0]
-    chunk = ROW_BLOCK * REDUCE_BLOCKS
-    chunks = row_blocks(n, chunk)
-    partials = np.empty((max(len(chunks), 1), x.shape[1], dy.shape[1]),
+    one partial per block of gemm_blocks(n), computed on the pool, then sum_partials."""
+    blocks = gemm_blocks(x.shape[0])
+    partials = np.empty((max(len(blocks), 1), x.shape[1], dy.shape[1]),
                         dtype=np.result_type(x, dy))                      # (P, K, M)
-    if not chunks:
+    if not blocks:
         partials[0] = 0
         return partials[0]
 
     def block(i, start, stop):
         np.matmul(x[start:stop].T, dy[start:stop], out=partials[i])
 
-    map_blocks(block, n, chunk)
+    map_partition(block, blocks)
     return sum_partials(partials)
