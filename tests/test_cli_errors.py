@@ -32,6 +32,11 @@ REFUSED = [  # (argv, the whole of stderr)
     (["train", "--objective", "good_views", "--captions", "c.json", "--out", "r",
       "--stpes=10", "--sed", "1"], "minialign train: error: unrecognized arguments: --stpes "
                                    "(did you mean --steps?), --sed (did you mean --seed?)"),
+    (["train", "--stpes", "10"], "minialign train: error: unrecognized arguments: --stpes (did "
+                                 "you mean --steps?)"),            # before the missing flags
+    (["replicate", "--jobs", "0", "--jbos", "2", "--captions", "c.json", "--out", "o"],
+     "minialign replicate: error: unrecognized arguments: --jbos (did you mean --jobs?)"),
+    (["--verbose", "train"], "minialign: error: unrecognized arguments: --verbose"),
     (["evaluate", "--run", "r", "stray"], "minialign evaluate: error: unrecognized arguments: "
                                           "stray"),
     (["replicate", "--jobs", "0", "--captions", "c.json", "--out", "o"],

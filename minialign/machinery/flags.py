@@ -13,6 +13,10 @@ import argparse
 import dataclasses
 import difflib
 import math
+import re
+import sys
+
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")   # argparse's own test of a value like -1
 
 
 class Parser(argparse.ArgumentParser):
@@ -25,12 +29,39 @@ class Parser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but unrecognized arguments are refused by the parser of the command
-        they were given to (argparse's top parser would name no command, nor a close flag)."""
+        they were given to (argparse's top parser would name no command, nor a close flag),
+        and an unknown flag is refused first, before a missing required flag or a bad value:
+        `train --stpes 10` names --steps, not the other flags train needs."""
+        args = sys.argv[1:] if args is None else list(args)
+        command, unknown = self.unknown_flags(args)
+        if unknown:
+            command.error(f"unrecognized arguments: {did_you_mean(command, unknown)}")
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             command = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
             command.error(f"unrecognized arguments: {did_you_mean(command, extra)}")
         return parsed
+
+    def unknown_flags(self, args):
+        """(the parser that refuses, [the flags in args it has no option for, nor is an
+        abbreviation of one]): the top parser for flags before the command, else the command's
+        parser (self without sub-commands). Stops at "--"; a negative number is a value, not a
+        flag (as argparse reads it)."""
+        commands, parser, unknown = getattr(self, "commands", {}), self, []
+        for arg in args:
+            if arg == "--":
+                break
+            if parser is self and arg in commands:
+                if unknown:                        # flags before the command: the top's
+                    break
+                parser = commands[arg]
+            elif arg.startswith("-") and len(arg) > 1 and not NEGATIVE_NUMBER.match(arg):
+                flag = arg.split("=", 1)[0]
+                known = parser._option_string_actions
+                if flag not in known and not (parser.allow_abbrev and flag.startswith("--") and
+                                              any(o.startswith(flag) for o in known)):
+                    unknown.append(flag)
+        return parser, unknown
 
 
 def did_you_mean(parser, extra):
