@@ -85,7 +85,8 @@ eta:                ## how long `make replicate` (same JOBS, IMAGE_EVAL) will ta
 	$(CHECK_CAPTIONS)
 	$(PY) -m minialign replicate $(REPLICATE_ARGS) --dry-run
 
-# The classroom version, ~8 min on 2 idle cores (~23 min measured on a busy machine): one seed, no lr search, 200 steps of
+# The classroom version, 18-20 min measured on this project's shared 2-core VMs (~5 min at the
+# reference machine's speed; make eta-quick says for yours): one seed, no lr search, 200 steps of
 # 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token).
 # No download needed: the first captions file that exists of the subset, your COCO val2017
 # captions, and this machine's shared copy (a test fixture); embeddings to match.

@@ -2,8 +2,9 @@
 level in LEVELS, so no import circle can form (the replicate <-> report circle of #10 would
 fail here), and the core never reaches up into the machinery that runs it.
 
-Two core modules import from machinery/, and may because those modules sit low: model
-imports machinery.fast_layers and fast_rows (the fast path; they import only layers and rows); train
+Three core modules import from machinery/, and may because those modules sit low: model
+imports machinery.fast_layers, fast_rows and rows, objectives machinery.fast_layers (the fast
+path; they import only layers and rows); train
 imports machinery.rundir, machinery.checkpoint, machinery.files and machinery.monitor
 (training reads its captions, writes a run directory, evaluates and prints its progress;
 they import only numpy, tqdm and the core below train).
