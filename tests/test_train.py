@@ -254,3 +254,19 @@ def test_upgrade_config_fills_the_loss_fields_added_since_with_today_defaults():
     from minialign.objectives import ObjectiveConfig
     defaults = dataclasses.asdict(ObjectiveConfig())
     assert {k: defaults[k] for k in ADDED_LOSS_DEFAULTS} == ADDED_LOSS_DEFAULTS
+
+
+def test_plain_progress_prints_a_line_a_minute_when_steps_are_slow(monkeypatch, capsys):
+    """Without a terminal, a line every PLAIN_LOG_EVERY steps, at the first step, and at least
+    once every PLAIN_LOG_SECONDS: slow steps (61 s each, a fake clock) print every step; fast
+    ones (1 s) only at the first and the 50th."""
+    from minialign.machinery import monitor
+    cfg = TrainConfig(objective="good_views", steps=100)
+    for seconds, expected in ((61.0, [1, 2, 3, 4]), (1.0, [1, 50])):
+        clock = iter(np.arange(0.0, 1000 * seconds, seconds))
+        monkeypatch.setattr(monitor.time, "perf_counter", lambda: float(next(clock)))
+        with monitor.Progress(cfg, 0, show=False) as progress:
+            for step in range(expected[-1]):
+                progress.step(step, 1.0, 1e-3)
+        lines = capsys.readouterr().out.splitlines()
+        assert [int(line.split()[2].split("/")[0]) for line in lines] == expected

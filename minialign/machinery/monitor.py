@@ -23,6 +23,7 @@ EVAL_BATCH = 500     # captions per forward pass when embedding evaluation capti
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: saved caption embeddings must fit
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
+PLAIN_LOG_SECONDS = 60  # ... or seconds, whichever comes first (a slow step: a line a minute)
 
 
 @dataclass(frozen=True, eq=False)          # eq=False: == on arrays has no single truth value
@@ -239,11 +240,13 @@ def print_start(cfg, info):
 
 class Progress:
     """A run's progress, as a context manager: a tqdm bar (show=True), plain lines every
-    PLAIN_LOG_EVERY steps and at the first (show=False; print_progress), or by whether stderr
-    is a terminal (show=None). The bar is closed on leaving, whatever happened."""
+    PLAIN_LOG_EVERY steps or PLAIN_LOG_SECONDS, whichever comes first, and at the first step
+    (show=False; print_progress), or by whether stderr is a terminal (show=None). The bar is
+    closed on leaving, whatever happened."""
 
     def __init__(self, cfg, first_step, show=None):
         self.cfg, self.first_step, self.t0 = cfg, first_step, time.perf_counter()
+        self.last_line = self.t0                   # when the last plain line was printed
         self.plain = not (sys.stderr.isatty() if show is None else show)
         self.bar = tqdm(total=cfg.steps, initial=first_step, desc=cfg.objective,
                         disable=self.plain, dynamic_ncols=True)
@@ -258,9 +261,11 @@ class Progress:
         """After 0-based `step`: the bar's loss and count, or now and then a plain line."""
         self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         self.bar.update(1)
-        if self.plain and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == self.first_step):
-            print_progress(self.cfg, step, self.first_step, loss, lr,
-                           time.perf_counter() - self.t0)
+        now = time.perf_counter()
+        if self.plain and ((step + 1) % PLAIN_LOG_EVERY == 0 or step == self.first_step
+                           or now - self.last_line >= PLAIN_LOG_SECONDS):
+            print_progress(self.cfg, step, self.first_step, loss, lr, now - self.t0)
+            self.last_line = now
 
     def write(self, line):
         """A line on stdout that does not break the bar."""
