@@ -30,7 +30,7 @@ import numpy as np
 
 from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT,
                      sigreg_directions, sigreg_loss, vicreg_loss)
-# the tied head + losses.cross_entropy, fused over row chunks (same bits as the 3 calls, tested)
+# the tied head + losses.cross_entropy, fused over row blocks (same bits as the 3 calls, tested)
 from .machinery.fast_layers import tied_head_cross_entropy_fast
 from .model import encode, encode_backward
 from .tokenizer import MASK, PAD, SPECIALS
@@ -115,7 +115,7 @@ def next_token(params, batch, cfg, rng):
                                           sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
     # <- tied head -> cross-entropy -> head backward (model.lm_head_forward, losses.cross_entropy,
-    # <- model.lm_head_backward), fused over row chunks: all (n_t, V) logits never exist at once
+    # <- model.lm_head_backward), fused over row blocks: all (n_t, V) logits never exist at once
     ce_loss, dh_real, dtok_emb, ce_stats = tied_head_cross_entropy_fast(  # <- (n_t, D), (V, D)
         hf[has_target], params["tok_emb"], targets[has_target])           # <-
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,

@@ -272,19 +272,19 @@ def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
     assert targets.shape == (n,), (targets.shape, n)
     if n == 0:
         raise ValueError("cross_entropy over zero targets")
-    chunks = gemm_blocks(n)
+    blocks = gemm_blocks(n)
     nll = np.empty(n, dtype=np.float64)                                   # (n,) -log p(target)
     dhf = np.empty((n, D), dtype=hf.dtype)                                # (n, D)
-    partials = np.empty((len(chunks), V, D), dtype=hf.dtype)              # (P, V, D)
+    partials = np.empty((len(blocks), V, D), dtype=hf.dtype)              # (P, V, D)
 
-    def chunk(i):
-        start, stop = chunks[i]
+    def block(i):
+        start, stop = blocks[i]
         logits = hf[start:stop] @ tok_emb.T                               # (r, V) this block's
         for s, e in row_blocks(stop - start, block_rows):                 # in place: dlogits
             cross_entropy_rows(logits, targets[start:stop], s, e, n, nll[start:stop])
         np.matmul(logits, tok_emb, out=dhf[start:stop])                   # (r, D)
         np.matmul(logits.T, hf[start:stop], out=partials[i])              # (V, D)
 
-    run(chunk, len(chunks))
+    run(block, len(blocks))
     loss = float(nll.mean())
     return loss, dhf, sum_partials(partials), {"ce": loss, "targets": n}
