@@ -141,9 +141,11 @@ def test_warmup_warning_not_before_an_unrelated_error(world, tmp_path, capsys):
 def test_evaluate_hint_names_the_embeddings_of_the_runs_own_photos(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     val = evaluate.missing_embeddings_note("coco/annotations/captions_val2017.json")
-    assert ("python -m minialign export --captions coco/annotations/captions_val2017.json "
-            "--images coco/val2017 --model facebook/dinov2-base --out "
-            "embeddings/coco_val2017_dinov2-base.npz\n") in val
+    assert ("Create it once with `python -m minialign export --captions "
+            "coco/annotations/captions_val2017.json --images coco/val2017 --model "
+            "facebook/dinov2-base --out embeddings/coco_val2017_dinov2-base.npz` (COCO images + "
+            "the [export] extra; see embeddings/README.md), then rerun with --embeddings "
+            "embeddings/coco_val2017_dinov2-base.npz.") in val and "\n" not in val
     assert "subset" not in val and "rerun with --embeddings embeddings/coco_val2017_" in val
     subset = evaluate.missing_embeddings_note("coco/captions_train2017_subset10000_seed0.json")
     assert "`make embeddings`" in subset and "export --captions" not in subset

@@ -269,14 +269,12 @@ def needs_evaluation(run_dir, emb):
 
 
 def missing_embeddings_message(path, captions):
-    """Why replicate stops before training when the embeddings file is absent, and what to do."""
-    return (f"{path} does not exist, and image alignment (mutual-kNN, R@1) needs these frozen "
-            f"DINOv2 image embeddings. {evaluate.how_to_export(path, captions)} Or train "
-            f"text-only now, explicitly: add IMAGE_EVAL=off to the make command (replicate, "
-            f"replicate-quick, eta, eta-quick) or pass `--image-eval off`; the image numbers are "
-            f"filled in later without retraining (finished runs are skipped), or by `python -m "
-            f"minialign evaluate --embeddings {path} --run DIR ...` and then `python -m "
-            f"minialign report OUT`.")
+    """Why replicate stops before training when the embeddings file is absent, and what to
+    do, on one line."""
+    return (f"{path} does not exist: image alignment (mutual-kNN, R@1) needs these image "
+            f"embeddings. {evaluate.how_to_export(path, captions)} Or train text-only now with "
+            f"--image-eval off (make: IMAGE_EVAL=off) and rerun with the file later: finished "
+            f"runs are scored without retraining.")
 
 
 def load_image_embeddings(args):
