@@ -92,6 +92,19 @@ def wait_for(process, text):
     raise AssertionError(f"{text!r} never printed: {process.communicate()[1]}")
 
 
+@pytest.mark.parametrize("command", ["replicate", "scaling"])
+def test_ctrl_c_of_a_grid_says_every_interrupted_run_resumes(command, monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run_command", interrupted)
+    argv = [command, "--captions", "c.json", "--out", "o"]
+    assert main(argv) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == (
+        f"minialign {command}: interrupted; rerun the same command: finished runs are skipped, "
+        f"interrupted runs resume from their last checkpoint (from step 0 if none was saved "
+        f"yet)\n")
+
+
 def test_sigterm_stops_train_like_ctrl_c(world, tmp_path):
     out = tmp_path / "run"
     train = start(["train", "--objective", "good_views", "--captions", world["captions"],

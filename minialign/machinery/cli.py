@@ -32,11 +32,10 @@ RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest c
     "train": "rerun the same command with --resume (`make train ... RESUME=1`) to continue from "
              "the last checkpoint (from step 0 if none was saved yet)",
     "data": "rerun the same command: finished steps are skipped",
-    "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
-                 "continues from its last checkpoint",
-    "scaling": "rerun the same command: finished runs are skipped, the interrupted one "
-               "continues from its last checkpoint",
+    "replicate": "rerun the same command: finished runs are skipped, interrupted runs resume "
+                 "from their last checkpoint (from step 0 if none was saved yet)",
 }
+RESUME_HINT["scaling"] = RESUME_HINT["replicate"]
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
