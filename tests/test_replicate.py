@@ -208,7 +208,7 @@ def test_other_settings_are_refused_before_the_estimate_times_anything(grid, mon
         cli.run_replicate(args)
 
 
-def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch):
+def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch, capsys):
     protocol = tiny_protocol(grid["captions"], objectives=("good_views",), seeds=(0,),
                              lr_per_decade=0)
     protocol = dataclasses.replace(protocol, base=dataclasses.replace(protocol.base, lr=1e6))
@@ -222,6 +222,10 @@ def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch)
         replicate.replicate(protocol, tmp_path, None, progress=False)
     run = tmp_path / "runs" / "good_views-lr1.00e+06-seed0"
     record = json.loads((run / rundir.DIVERGED).read_text())
+    said = [line for line in capsys.readouterr().out.splitlines() if "; not retried" in line]
+    assert said[0] == (f"[replicate] {run}: diverged ({record['error']}) at lr 1e+06; recorded "
+                       f"in diverged.json. Lower --lr, or pass --force to start over; not "
+                       f"retried")                                  # the run named once
     assert len(tries) == 1 and record["lr"] == 1e6 and 1 <= record["step"] <= protocol.base.steps
     assert any(word in record["error"] for word in ("nan", "inf", "float16"))
     assert selection_score(run, "mutual_knn") == -math.inf

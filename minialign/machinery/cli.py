@@ -346,7 +346,7 @@ def main(argv=None):
     try:
         run_command(args)
     except Diverged as e:                            # the run's own outcome, recorded on disk
-        print(f"minialign {args.command}: diverged: {e}", file=sys.stderr)
+        print(f"minialign {args.command}: {e}", file=sys.stderr)   # e says "diverged"
         return EXIT_DIVERGED
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)

@@ -79,7 +79,7 @@ def train_and_score(cfg, run_dir, emb, progress=None):
     try:
         train.train(cfg, run_dir, resume=True, progress=progress)
     except Diverged as err:                    # train wrote diverged.json
-        print(f"[replicate] {run_dir.name}: {err}; not retried", flush=True)
+        print(f"[replicate] {err}; not retried", flush=True)      # err names the run
         code = EXIT_DIVERGED
     if needs_evaluation(run_dir, emb):
         evaluate.evaluate_run(run_dir, emb["data"])
