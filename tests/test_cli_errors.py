@@ -46,6 +46,11 @@ REFUSED = [  # (argv, the whole of stderr)
     (["synthetic", "--out", "r", "--seed", "-1"], "minialign synthetic: error: argument "
                                                   "--seed: must be an integer >= 0, got '-1'"),
     ([], "minialign: error: the following arguments are required: COMMAND"),
+    (["trian", "--steps", "2"], "minialign: error: argument COMMAND: invalid choice: 'trian' "
+                                "(did you mean train?)"),
+    (["xyzzy"], "minialign: error: argument COMMAND: invalid choice: 'xyzzy' (choose from "
+                "'data', 'train', 'bench', 'synthetic', 'evaluate', 'replicate', 'scaling', "
+                "'report', 'export')"),                           # nothing close: all of them
 ]
 
 
