@@ -80,6 +80,9 @@ def test_help_still_prints_the_whole_usage(capsys):
     out = capsys.readouterr().out
     assert stop.value.code == 0 and out.startswith("usage: python -m minialign train")
     assert "--steps STEPS" in out and "--warmup-steps" in out
+    words = " ".join(out.split())                       # help text, unwrapped
+    assert "SIGReg's weight, >= 0" in words and "(default: 5.26316)" in words   # floats as %g
+    assert "5.2631578947368425" not in words and "(default: 0.001)" in words
 
 
 # ---------------------------------------------------------------- 2. SIGTERM = Ctrl-C

@@ -49,13 +49,15 @@ BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_r
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" to an option's help when X says something (not None/False)."""
+    """Appends "(default: X)" to an option's help when X says something (not None/False); a
+    float as %g: 5.26316, not 5.2631578947368425."""
 
     def _get_help_string(self, action):
         help = action.help or ""
         if "default" in help or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
             return help
-        return help + " (default: %(default)s)"
+        return help + (" (default: %(default)g)" if isinstance(action.default, float)
+                       else " (default: %(default)s)")
 
 
 # ---------------------------------------------------------------- the commands
