@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minialign.machinery import bench_torch
-from minialign.machinery.bench import KEYS, token_counts
+from minialign.machinery.bench import KEYS, print_row, token_counts
 from minialign.machinery.cli import add_bench_args, run_bench
 from minialign.machinery.fast_layers import packed_layout
 from minialign.machinery.gemms import attention_grids, gemm_calls, step_flops, step_gemms
@@ -107,6 +107,21 @@ def test_run_bench_tiny_json(tmp_path, capsys):
         # a difference of two timings: on a busy machine one slow replay can make it negative
         assert r["non_gemm_share"] == pytest.approx(1 - r["gemm_ms"] / r["ms_per_step"])
 
+
+
+def test_negative_non_gemm_share_is_printed_as_host_noise(capsys):
+    row = {"objective": "good_views", "T": 16, "real_tokens": 5000, "ms_per_step": 3386,
+           "ms_per_step_min": 3300, "gflop_per_step": 40.0, "gflops": 11.8, "peak_gflops": 50.0,
+           "fraction_of_peak": 0.236, "gemm_ms": 3666, "non_gemm_share": 1 - 3666 / 3386,
+           "peak_rss_mb": 700}
+    print_row(row)                                           # the replay outran the step
+    print_row(dict(row, gemm_ms=2709, non_gemm_share=0.2))
+    assert capsys.readouterr().out.splitlines() == [
+        "good_views   16     5000    3386 (3300)      40.00     11.8      50.0     24%    3666"
+        "      <0*     700",
+        "  * non-GEMM <0: the GEMM replay was slower than the whole step (host noise); rerun",
+        "good_views   16     5000    3386 (3300)      40.00     11.8      50.0     24%    2709"
+        "      20%     700"]
 
 
 def test_use_cores_sets_numpy_blas_threads_and_refuses_zero():

@@ -46,6 +46,11 @@ REFUSED = [  # (argv, the whole of stderr)
     (["synthetic", "--out", "r", "--seed", "-1"], "minialign synthetic: error: argument "
                                                   "--seed: must be an integer >= 0, got '-1'"),
     ([], "minialign: error: the following arguments are required: COMMAND"),
+    (["trian", "--steps", "2"], "minialign: error: argument COMMAND: invalid choice: 'trian' "
+                                "(did you mean train?)"),
+    (["xyzzy"], "minialign: error: argument COMMAND: invalid choice: 'xyzzy' (choose from "
+                "'data', 'train', 'bench', 'synthetic', 'evaluate', 'replicate', 'scaling', "
+                "'report', 'export')"),                           # nothing close: all of them
 ]
 
 
@@ -75,6 +80,9 @@ def test_help_still_prints_the_whole_usage(capsys):
     out = capsys.readouterr().out
     assert stop.value.code == 0 and out.startswith("usage: python -m minialign train")
     assert "--steps STEPS" in out and "--warmup-steps" in out
+    words = " ".join(out.split())                       # help text, unwrapped
+    assert "SIGReg's weight, >= 0" in words and "(default: 5.26316)" in words   # floats as %g
+    assert "5.2631578947368425" not in words and "(default: 0.001)" in words
 
 
 # ---------------------------------------------------------------- 2. SIGTERM = Ctrl-C
@@ -90,6 +98,19 @@ def wait_for(process, text):
         if text in line:
             return
     raise AssertionError(f"{text!r} never printed: {process.communicate()[1]}")
+
+
+@pytest.mark.parametrize("command", ["replicate", "scaling"])
+def test_ctrl_c_of_a_grid_says_every_interrupted_run_resumes(command, monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run_command", interrupted)
+    argv = [command, "--captions", "c.json", "--out", "o"]
+    assert main(argv) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == (
+        f"minialign {command}: interrupted; rerun the same command: finished runs are skipped, "
+        f"interrupted runs resume from their last checkpoint (from step 0 if none was saved "
+        f"yet)\n")
 
 
 def test_sigterm_stops_train_like_ctrl_c(world, tmp_path):
@@ -141,9 +162,11 @@ def test_warmup_warning_not_before_an_unrelated_error(world, tmp_path, capsys):
 def test_evaluate_hint_names_the_embeddings_of_the_runs_own_photos(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     val = evaluate.missing_embeddings_note("coco/annotations/captions_val2017.json")
-    assert ("python -m minialign export --captions coco/annotations/captions_val2017.json "
-            "--images coco/val2017 --model facebook/dinov2-base --out "
-            "embeddings/coco_val2017_dinov2-base.npz\n") in val
+    assert ("Create it once with `python -m minialign export --captions "
+            "coco/annotations/captions_val2017.json --images coco/val2017 --model "
+            "facebook/dinov2-base --out embeddings/coco_val2017_dinov2-base.npz` (COCO images + "
+            "the [export] extra; see embeddings/README.md), then rerun with --embeddings "
+            "embeddings/coco_val2017_dinov2-base.npz.") in val and "\n" not in val
     assert "subset" not in val and "rerun with --embeddings embeddings/coco_val2017_" in val
     subset = evaluate.missing_embeddings_note("coco/captions_train2017_subset10000_seed0.json")
     assert "`make embeddings`" in subset and "export --captions" not in subset

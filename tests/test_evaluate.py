@@ -199,10 +199,11 @@ def test_given_embeddings_file_that_does_not_exist_is_an_error(world, tmp_path, 
     absent = tmp_path / "absent.npz"
     with pytest.raises(FileNotFoundError) as info:
         cli("--run", run, "--embeddings", absent)
-    message = str(info.value)
-    assert f"--embeddings {absent}: no such file" in message
-    assert "python -m minialign export --captions" in message
-    assert f"--out {absent}" in message and "embeddings/README.md" in message
+    world = Path(world["embeddings"])                 # the synthetic world's, beside its captions
+    assert str(info.value) == (
+        f"--embeddings {absent}: no such file. A SYNTHETIC world's image embeddings are "
+        f"{world}, written with its captions by `python -m minialign synthetic --out "
+        f"{world.parent}`: rerun with --embeddings {world}.")     # one line, no DINOv2 export
     assert capsys.readouterr().out == ""                        # fails before any table
     assert (run / "metrics.json").read_bytes() == before        # nothing written
 
@@ -274,7 +275,8 @@ def test_command_line_exit_codes(world, tmp_path, capsys):
     absent = tmp_path / "absent.npz"                                        # given, absent
     assert main(["evaluate", "--run", str(run), "--embeddings", str(absent)]) == 2
     err = capsys.readouterr().err
-    assert f"--embeddings {absent}: no such file" in err and "minialign export" in err
+    assert err.startswith(f"minialign evaluate: error: --embeddings {absent}: no such file. ")
+    assert err.count("\n") == 1 and "minialign export" not in err      # one line; no photos
 
 
 def snapshot(run):

@@ -80,7 +80,7 @@ def test_run_memory_by_hand():
     cfg = train.TrainConfig()                          # 256 photos, D=256, L=4, F=1024
     # tokens n = 2 x 256 x 13.5 = 6912; activations 6912 x 256 x (4 x 86 + 104) B
     # = 792,723,456 B; weights 4 copies x 4 B x (5814 x 256 + 4 x 12 x 256^2) = 74,145,792 B
-    expected = 1.15 * (90 + (792_723_456 + 74_145_792) / 2**20)
+    expected = 1.15 * (105 + (792_723_456 + 74_145_792) / 2**20)
     assert jobs.run_memory_mb(cfg, vocab_size=5814) == pytest.approx(expected, rel=1e-12)
     # next_token's fused head: 17 partials of dtok_emb (rows.gemm_blocks(6912): 12 x 512, then
     # 256, 256, 128, 64, 64) + dtok_emb, each 5814 x 256 x 4 B, and 4 logits blocks of
@@ -88,6 +88,12 @@ def test_run_memory_by_hand():
     head = 1.15 * (18 * 5814 * 256 * 4 + 4 * 512 * 5814 * 4) / 2**20
     nt = train.TrainConfig(objective="next_token")
     assert jobs.run_memory_mb(nt, 5814) - jobs.run_memory_mb(cfg, 5814) == pytest.approx(head)
+    # a tiny run, measured at 112 MB peak with image evaluation: n = 2 x 64 x 13.5 = 1728 tokens,
+    # activations 1728 x 32 x (86 + 104) B = 10,506,240 B; weights 16 B x (122 x 32 + 12 x 32^2)
+    tiny = train.TrainConfig(batch_photos=64, model=ModelConfig(d_model=32, n_layers=1))
+    assert jobs.run_memory_mb(tiny, 122) == pytest.approx(
+        1.15 * (105 + (10_506_240 + 16 * (122 * 32 + 12 * 32 ** 2)) / 2**20), rel=1e-12)
+    assert jobs.run_memory_mb(tiny, 122) / 1.15 >= 112        # the fit alone covers the peak
     half = train.TrainConfig(batch_photos=128)         # activations halve, the rest stays
     assert jobs.run_memory_mb(cfg, 5814) - jobs.run_memory_mb(half, 5814) == pytest.approx(
         1.15 * 792_723_456 / 2 / 2**20)

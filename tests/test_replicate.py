@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,9 +179,14 @@ def test_missing_embeddings_stop_before_training(grid, tmp_path):
                               "--batch-photos", "16"])
     with pytest.raises(FileNotFoundError) as err:
         cli.run_replicate(args)
-    for text in ("absent.npz does not exist", "python -m minialign export",
-                 "IMAGE_EVAL=off", "embeddings/README.md", "python -m minialign evaluate"):
-        assert text in str(err.value)
+    world = Path(grid["captions"]).with_name("embeddings_synthetic.npz")
+    assert str(err.value) == (
+        f"{tmp_path / 'absent.npz'} does not exist: image alignment (mutual-kNN, R@1) needs "
+        f"these image embeddings. A SYNTHETIC world's image embeddings are {world}, written "
+        f"with its captions by `python -m minialign synthetic --out {world.parent}`: rerun "
+        f"with --embeddings {world}. Or train text-only now with --image-eval off (make: "
+        f"IMAGE_EVAL=off) and rerun with the file later: finished runs are scored without "
+        f"retraining.")                                             # one line
     assert not (tmp_path / "r").exists()
 
 
@@ -202,7 +208,7 @@ def test_other_settings_are_refused_before_the_estimate_times_anything(grid, mon
         cli.run_replicate(args)
 
 
-def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch):
+def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch, capsys):
     protocol = tiny_protocol(grid["captions"], objectives=("good_views",), seeds=(0,),
                              lr_per_decade=0)
     protocol = dataclasses.replace(protocol, base=dataclasses.replace(protocol.base, lr=1e6))
@@ -216,6 +222,10 @@ def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch)
         replicate.replicate(protocol, tmp_path, None, progress=False)
     run = tmp_path / "runs" / "good_views-lr1.00e+06-seed0"
     record = json.loads((run / rundir.DIVERGED).read_text())
+    said = [line for line in capsys.readouterr().out.splitlines() if "; not retried" in line]
+    assert said[0] == (f"[replicate] {run}: diverged ({record['error']}) at lr 1e+06; recorded "
+                       f"in diverged.json. Lower --lr, or pass --force to start over; not "
+                       f"retried")                                  # the run named once
     assert len(tries) == 1 and record["lr"] == 1e6 and 1 <= record["step"] <= protocol.base.steps
     assert any(word in record["error"] for word in ("nan", "inf", "float16"))
     assert selection_score(run, "mutual_knn") == -math.inf

@@ -268,6 +268,23 @@ def test_untrained_row_without_image_embeddings(text_only, tmp_path):
     assert results["ceiling"] is None and not any("world ceiling" in r for r in rows)
 
 
+def test_a_missing_results_directory_says_how_to_make_it(tmp_path, monkeypatch, capsys):
+    from minialign.__main__ import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "synthetic").mkdir(parents=True)
+    (tmp_path / "results" / "synthetic" / "protocol.json").write_text("{}")   # `make demo` ran
+    for argv, line in [
+            (["results/synthetic", "results/synthetic-sigreg"],           # make demo-compare
+             "results/synthetic-sigreg: no such directory; make it first with `make demo "
+             "ANTICOLLAPSE=sigreg`"),
+            (["results/coco-quick"],
+             "results/coco-quick: no such directory; make it first with `make replicate-quick`"),
+            (["mine/grid"], "mine/grid: no such directory; make it first with `python -m "
+             "minialign replicate ... --out mine/grid`")]:
+        assert main(["report"] + argv) == 2
+        assert capsys.readouterr().err == f"minialign report: error: {line}\n"
+
+
 def test_side_by_side_table_of_two_directories(evaluated, text_only, tmp_path, capsys):
     a = Path(shutil.copytree(evaluated, tmp_path / "grid"))
     b = Path(shutil.copytree(text_only["out"], tmp_path / "grid-sigreg"))

@@ -3,6 +3,7 @@
 times (scaling_run.py); bad flags; and a tiny sweep end to end on a 300-scene SYNTHETIC world
 (2 sizes x 3 objectives x 2 seeds, 6 steps of a 1-block encoder): stopped and resumed, its
 report recomputed from the runs, a rerun with the image embeddings, --jobs children."""
+import argparse
 import dataclasses
 import json
 import math
@@ -262,11 +263,22 @@ def check_rows_and_trend(sweep, results, metric):
     assert results["trend"]["n"] == 4 and results["trend"]["slope"] is not None
 
 
-def test_jobs_children_train_the_sized_runs(sweep, tmp_path):
+def test_jobs_children_train_the_sized_runs(sweep, tmp_path, capsys):
     """--jobs 2: each run in its own process (a SizedConfig pickled to the child) lands in
-    its sized directory, and gives the numbers of the in-process run (--threads 1)."""
+    its sized directory, and gives the numbers of the in-process run (--threads 1); the
+    grid's lines say [scaling], not [replicate]."""
     protocol = dataclasses.replace(sweep["protocol"], objectives=("good_views",), seeds=(0,))
+    capsys.readouterr()
     replicate.replicate(protocol, tmp_path, None, jobs=2, threads=1)
+    lines = capsys.readouterr().out.splitlines()
+    first = "good_views-d8-l1-lr1.00e-03-seed0"
+    assert lines[0] == (f"[scaling] start 1/2: {first} (1 thread(s), output in "
+                        f"{tmp_path / 'logs' / first}.log) | 0/2 runs done, ETA after the "
+                        f"first run")
+    assert {line.split()[0] for line in lines} == {"[scaling]"}
+    replicate.load_image_embeddings(argparse.Namespace(command="scaling", image_eval="off"))
+    assert capsys.readouterr().out == ("[scaling] image evaluation off: mutual-kNN and R@1 "
+                                       "will read 'pending'\n")
     for d in (8, 16):
         name = f"good_views-d{d}-l1-lr1.00e-03-seed0"
         mine = json.loads((tmp_path / "runs" / name / "metrics.json").read_text())

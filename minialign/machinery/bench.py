@@ -216,13 +216,22 @@ def print_header(args, info):
                      "peak GF/s", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
 
 
+NEGATIVE_SHARE = ("  * non-GEMM <0: the GEMM replay was slower than the whole step (host "
+                  "noise); rerun")
+
+
 def print_row(r):
+    """One table row; a negative non-GEMM share (JSON keeps the number) reads '<0*', with
+    NEGATIVE_SHARE under the row."""
+    share = r["non_gemm_share"]
     print(ROW.format(r["objective"], r["T"], r["real_tokens"],
                      f"{r['ms_per_step']:.0f} ({r['ms_per_step_min']:.0f})",
                      f"{r['gflop_per_step']:.2f}", f"{r['gflops']:.1f}",
                      f"{r['peak_gflops']:.1f}", f"{r['fraction_of_peak']:.0%}",
-                     f"{r['gemm_ms']:.0f}", f"{r['non_gemm_share']:.0%}",
+                     f"{r['gemm_ms']:.0f}", f"{share:.0%}" if share >= 0 else "<0*",
                      f"{r['peak_rss_mb']:.0f}"), flush=True)
+    if share < 0:
+        print(NEGATIVE_SHARE, flush=True)
 
 
 def run_bench(args, cfg):

@@ -32,11 +32,10 @@ RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest c
     "train": "rerun the same command with --resume (`make train ... RESUME=1`) to continue from "
              "the last checkpoint (from step 0 if none was saved yet)",
     "data": "rerun the same command: finished steps are skipped",
-    "replicate": "rerun the same command: finished runs are skipped, the interrupted one "
-                 "continues from its last checkpoint",
-    "scaling": "rerun the same command: finished runs are skipped, the interrupted one "
-               "continues from its last checkpoint",
+    "replicate": "rerun the same command: finished runs are skipped, interrupted runs resume "
+                 "from their last checkpoint (from step 0 if none was saved yet)",
 }
+RESUME_HINT["scaling"] = RESUME_HINT["replicate"]
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
@@ -50,13 +49,15 @@ BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_r
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
-    """Appends "(default: X)" to an option's help when X says something (not None/False)."""
+    """Appends "(default: X)" to an option's help when X says something (not None/False); a
+    float as %g: 5.26316, not 5.2631578947368425."""
 
     def _get_help_string(self, action):
         help = action.help or ""
         if "default" in help or any(action.default is x for x in (None, False, argparse.SUPPRESS)):
             return help
-        return help + " (default: %(default)s)"
+        return help + (" (default: %(default)g)" if isinstance(action.default, float)
+                       else " (default: %(default)s)")
 
 
 # ---------------------------------------------------------------- the commands
@@ -347,7 +348,7 @@ def main(argv=None):
     try:
         run_command(args)
     except Diverged as e:                            # the run's own outcome, recorded on disk
-        print(f"minialign {args.command}: diverged: {e}", file=sys.stderr)
+        print(f"minialign {args.command}: {e}", file=sys.stderr)   # e says "diverged"
         return EXIT_DIVERGED
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .figures import LABELS
 from .files import atomic_write_bytes
-from .report import IMAGE_KEYS, TEXT_KEY, cell, collect, fmt
+from .report import IMAGE_KEYS, TEXT_KEY, cell, collect, fmt, not_results_dir
 
 
 def anticollapse_of(results):
@@ -123,8 +123,7 @@ def run_compare(dirs, out=None):
     kinds = {}
     for d in dirs:
         if not (d / "protocol.json").is_file():
-            raise FileNotFoundError(f"{d}: no such directory" if not d.is_dir() else
-                                    f"{d}: no protocol.json; not a `replicate` results directory")
+            raise FileNotFoundError(not_results_dir(d))
         kinds[d] = json.loads((d / "protocol.json").read_text()).get("kind", "replicate")
     if any(kind != "replicate" for kind in kinds.values()):
         d, kind = next((d, k) for d, k in kinds.items() if k != "replicate")

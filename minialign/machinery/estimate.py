@@ -197,7 +197,7 @@ def choose_jobs(protocol, args, vocab_size):
     threads = args.threads or (jobs_.threads_per_run(jobs, cores) if jobs > 1 else None)
     memory = (f"~{per_run_mb:,.0f} MB per run of {available_mb:,.0f} MB available"
               if available_mb is not None else "available memory unknown")
-    print(f"[replicate] --jobs {jobs}{'' if args.jobs else ' (default)'} x --threads "
+    print(f"[{getattr(args, 'command', 'replicate')}] --jobs {jobs}{'' if args.jobs else ' (default)'} x --threads "
           f"{threads or describe()['blas_threads']}: {cores} cores, {memory}", flush=True)
     if jobs * (threads or 1) > cores:
         print(f"warning: --jobs {jobs} x --threads {threads or 1} > {cores} cores: the runs "

@@ -255,18 +255,23 @@ def images_of(captions):
 
 def how_to_export(path, captions):
     """The one-time command that creates the image embeddings file `path` of the photos of
-    `captions`, and what to do next: `make embeddings` for make data's subset, the synthetic
-    command for a synthetic world, else the export command."""
-    if Path(captions).name == SYNTHETIC_FILES[0] and path == expected_embeddings(captions):
-        how = (f"The SYNTHETIC world's embeddings are written with its captions: "
-               f"`python -m minialign synthetic --out {Path(captions).parent}`; ")
+    `captions`, and what to do next, on one line: for a synthetic world its own embeddings
+    file (written with its captions; no DINOv2 export, it has no photos), `make embeddings`
+    for make data's subset, else the export command."""
+    if Path(captions).name == SYNTHETIC_FILES[0]:
+        world = expected_embeddings(captions)
+        made = f"`python -m minialign synthetic --out {Path(captions).parent}`"
+        if path != world:
+            return (f"A SYNTHETIC world's image embeddings are {world}, written with its "
+                    f"captions by {made}: rerun with --embeddings {world}.")
+        how = f"The SYNTHETIC world's embeddings are written with its captions: {made}; "
     elif path == DEFAULT_EMBEDDINGS and Path(captions).name == DEFAULT_SUBSET:
         how = ("Create it once with `make embeddings` (after `make data` and `make "
                "install-export`; see embeddings/README.md), ")
     else:
         command = EXPORT_COMMAND.format(captions=captions, images=images_of(captions), out=path)
-        how = (f"Create it once (COCO images + the [export] extra; see embeddings/README.md):"
-               f"\n  {command}\n")
+        how = (f"Create it once with `{command}` (COCO images + the [export] extra; see "
+               f"embeddings/README.md), ")
     return f"{how}then rerun with --embeddings {path}."
 
 

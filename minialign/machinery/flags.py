@@ -33,6 +33,7 @@ class Parser(argparse.ArgumentParser):
         and an unknown flag is refused first, before a missing required flag or a bad value:
         `train --stpes 10` names --steps, not the other flags train needs."""
         args = sys.argv[1:] if args is None else list(args)
+        self.refuse_mistyped_command(args)            # before its flags, unknown to the top
         command, unknown = self.unknown_flags(args)
         if unknown:
             command.error(f"unrecognized arguments: {did_you_mean(command, unknown)}")
@@ -41,6 +42,15 @@ class Parser(argparse.ArgumentParser):
             command = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
             command.error(f"unrecognized arguments: {did_you_mean(command, extra)}")
         return parsed
+
+    def refuse_mistyped_command(self, args):
+        """A command word that is no command but close to one: argparse's refusal, naming the
+        closest command (difflib) instead of listing them all."""
+        commands = getattr(self, "commands", {})
+        word = next((a for a in args if not a.startswith("-")), None)
+        close = difflib.get_close_matches(word, commands, n=1) if word and commands else []
+        if word not in commands and close:
+            self.error(f"argument COMMAND: invalid choice: {word!r} (did you mean {close[0]}?)")
 
     def unknown_flags(self, args):
         """(the parser that refuses, [the flags in args it has no option for, nor is an

@@ -49,7 +49,9 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}    # Ctrl-C; kill, timeout, Slurm
 # a step x D, per block and outside the blocks (embedding, final LayerNorm, pooling);
 # next_token adds (tokens, V) float32 logits, probabilities and their gradient; weights,
 # gradients and Adam's two moments are 4 float32 copies of the parameters.
-MEM_BASE_MB = 90               # interpreter, numpy, imports, captions (a tiny run: ~90 MB)
+MEM_BASE_MB = 105              # interpreter, numpy, imports, captions, evaluation: measured,
+# a tiny run (synthetic world, D=32, L=1, 64 photos, 5 steps, image evaluation, a --jobs
+# child) peaks at 112 MB, of which ~10 MB activations; its estimate 1.15 x 115 = 133 MB
 MEM_BLOCK_BYTES = 86           # per real token x D x block
 MEM_TOKEN_BYTES = 104          # per real token x D, outside the blocks
 MEM_HEAD_CHUNKS = 4            # next_token: logits blocks of rows.GEMM_BLOCK rows alive at once

@@ -71,15 +71,16 @@ def eta_line(tally, steps, jobs=1, busy=()):
     return f"{line}, ETA {estimate.hours(seconds)} (measured s/step incl. evaluation: {measured})"
 
 
-def train_and_score(cfg, run_dir, emb, progress=None):
+def train_and_score(cfg, run_dir, emb, progress=None, tag="[replicate]"):
     """Train (or resume, or skip when finished) one run, then score it against the image
     embeddings if it has not been yet. What a --jobs child runs (jobs.start), and run_one's
-    work in this process. Returns EXIT_DIVERGED for a diverged run, else 0."""
+    work in this process. tag: the command's, tally["tag"]. Returns EXIT_DIVERGED for a
+    diverged run, else 0."""
     code = 0
     try:
         train.train(cfg, run_dir, resume=True, progress=progress)
     except Diverged as err:                    # train wrote diverged.json
-        print(f"[replicate] {run_dir.name}: {err}; not retried", flush=True)
+        print(f"{tag} {err}; not retried", flush=True)      # err names the run
         code = EXIT_DIVERGED
     if needs_evaluation(run_dir, emb):
         evaluate.evaluate_run(run_dir, emb["data"])
@@ -103,15 +104,15 @@ def run_one(out, cfg, emb, tally, progress):
     progress: train.train's (tqdm bar, plain lines, or None: by terminal)."""
     run_dir = Path(out) / "runs" / run_name(cfg)
     if is_finished(run_dir):
-        print(f"[replicate] {run_dir.name}: finished earlier, skipped", flush=True)
+        print(f"{tally['tag']} {run_dir.name}: finished earlier, skipped", flush=True)
         if needs_evaluation(run_dir, emb):
             evaluate.evaluate_run(run_dir, emb["data"])
         tally["pending"].discard(run_dir.name)
         tally["done"] += 1
         return
-    print(f"[replicate] run {tally['done'] + 1}/{tally['total']}: {run_dir.name} | "
+    print(f"{tally['tag']} run {tally['done'] + 1}/{tally['total']}: {run_dir.name} | "
           f"{eta_line(tally, cfg.steps)}", flush=True)
-    train_and_score(cfg, run_dir, emb, progress)
+    train_and_score(cfg, run_dir, emb, progress, tally["tag"])
     record_finished(run_dir, tally)
 
 
@@ -157,12 +158,13 @@ def score_function(protocol, out, emb, metric, objective):
 
 
 def new_tally(protocol, out):
-    """The grid's bookkeeping: runs planned, done, pending, and the ms/step of every planned
-    run measured in an earlier session."""
+    """The grid's bookkeeping: runs planned, done, pending, the ms/step of every planned
+    run measured in an earlier session, and the tag of its lines ([replicate], [scaling])."""
     planned = {run_name(cfg) for cfg in planned_runs(protocol)}
     searched = len(protocol.objectives) if protocol.lr_per_decade else 0
     tally = {"done": 0, "total": len(planned), "pending": set(planned), "ms_per_step": {},
-             "running": {}, "extensions_left": searched * protocol.max_extensions}
+             "running": {}, "extensions_left": searched * protocol.max_extensions,
+             "tag": f"[{protocol.kind}]"}
     for name in sorted(planned):
         metrics = read_metrics(out / "runs" / name)
         if "ms_per_step" in metrics:                       # measured in an earlier session
@@ -211,13 +213,13 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
         searches[objective] = search = lr_search(
             protocol, score_function(protocol, out, emb, metric, objective))
         if search["todo"] is not None:
-            print(f"[replicate] lr search {objective}: incomplete, {search['todo']:.2e} has "
+            print(f"[{protocol.kind}] lr search {objective}: incomplete, {search['todo']:.2e} has "
                   f"no val {metric}", flush=True)
             continue
-        print(f"[replicate] lr search {objective}: chosen {search['chosen']:.2e} "
+        print(f"[{protocol.kind}] lr search {objective}: chosen {search['chosen']:.2e} "
               f"({'interior' if search['interior'] else 'ON THE EDGE'}) of "
               f"{', '.join(f'{lr:.2e}' for lr in search['lrs'])} on val {metric}", flush=True)
-    print(f"[replicate] grid done in {(time.perf_counter() - t0) / 60:.1f} min this session",
+    print(f"[{protocol.kind}] grid done in {(time.perf_counter() - t0) / 60:.1f} min this session",
           flush=True)
     return searches
 
@@ -233,10 +235,10 @@ def start_child(out, cfg, emb, threads, tally, jobs, children):
     `children`), saying so with the grid's ETA."""
     run_dir = Path(out) / "runs" / run_name(cfg)
     busy = estimate.busy_seconds(out, tally)
-    print(f"[replicate] start {tally['done'] + len(tally['running']) + 1}/{tally['total']}: "
+    print(f"{tally['tag']} start {tally['done'] + len(tally['running']) + 1}/{tally['total']}: "
           f"{run_dir.name} ({threads} thread(s), output in {child_log(out, run_dir.name)}) | "
           f"{eta_line(tally, cfg.steps, jobs, busy)}", flush=True)
-    process = jobs_.start(train_and_score, (cfg, run_dir, emb, False), threads,
+    process = jobs_.start(train_and_score, (cfg, run_dir, emb, False, tally["tag"]), threads,
                           child_log(out, run_dir.name), children)
     jobs_.rebalance([p for p in children if p.exitcode is None], threads * jobs)
     return process
@@ -255,7 +257,7 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
     record_finished(Path(out) / "runs" / name, tally)
     state = "diverged, not retried" if exitcode == EXIT_DIVERGED else "finished"
     busy = estimate.busy_seconds(out, tally)
-    print(f"[replicate] {state}: {name} | {eta_line(tally, steps, jobs, busy)}", flush=True)
+    print(f"{tally['tag']} {state}: {name} | {eta_line(tally, steps, jobs, busy)}", flush=True)
 
 
 
@@ -269,22 +271,21 @@ def needs_evaluation(run_dir, emb):
 
 
 def missing_embeddings_message(path, captions):
-    """Why replicate stops before training when the embeddings file is absent, and what to do."""
-    return (f"{path} does not exist, and image alignment (mutual-kNN, R@1) needs these frozen "
-            f"DINOv2 image embeddings. {evaluate.how_to_export(path, captions)} Or train "
-            f"text-only now, explicitly: add IMAGE_EVAL=off to the make command (replicate, "
-            f"replicate-quick, eta, eta-quick) or pass `--image-eval off`; the image numbers are "
-            f"filled in later without retraining (finished runs are skipped), or by `python -m "
-            f"minialign evaluate --embeddings {path} --run DIR ...` and then `python -m "
-            f"minialign report OUT`.")
+    """Why replicate stops before training when the embeddings file is absent, and what to
+    do, on one line."""
+    return (f"{path} does not exist: image alignment (mutual-kNN, R@1) needs these image "
+            f"embeddings. {evaluate.how_to_export(path, captions)} Or train text-only now with "
+            f"--image-eval off (make: IMAGE_EVAL=off) and rerun with the file later: finished "
+            f"runs are scored without retraining.")
 
 
 def load_image_embeddings(args):
     """The embeddings to score against, None with --image-eval off; checked against the
     captions before any training. Raises FileNotFoundError (with what to do) when absent,
     ValueError (embeddings.check_split_coverage) when a val or test photo has no embedding."""
+    tag = f"[{getattr(args, 'command', 'replicate')}]"             # replicate or scaling
     if args.image_eval == "off":
-        print("[replicate] image evaluation off: mutual-kNN and R@1 will read 'pending'",
+        print(f"{tag} image evaluation off: mutual-kNN and R@1 will read 'pending'",
               flush=True)
         return None
     if not Path(args.embeddings).is_file():
@@ -294,7 +295,7 @@ def load_image_embeddings(args):
     split = split_photos(image_ids, train.TrainConfig().split_seed)         # as train.prepare
     check_split_coverage(emb, args.captions, {name: image_ids[split[name]]
                                               for name in ("val", "test")})
-    print("[replicate] " + describe_join(join_on_ids(image_ids, emb)[2]), flush=True)
+    print(f"{tag} " + describe_join(join_on_ids(image_ids, emb)[2]), flush=True)
     return emb
 
 

@@ -321,11 +321,27 @@ def build_report(out):
     return results
 
 
+MAKE_TARGETS = {"results/coco": "replicate", "results/coco-quick": "replicate-quick",
+                "results/synthetic": "demo"}      # the Makefile's RESULTS, QUICK and DEMO
+
+
+def not_results_dir(out):
+    """Why `out` is not a replicate results directory, on one line: absent (and the command
+    that makes it: the Makefile's target for its directories, else replicate --out) or
+    without protocol.json."""
+    if out.is_dir():
+        return f"{out}: no protocol.json; not a `replicate` results directory"
+    name = out.as_posix().removesuffix("-sigreg")
+    sigreg = " ANTICOLLAPSE=sigreg" if name != out.as_posix() else ""
+    how = (f"make {MAKE_TARGETS[name]}{sigreg}" if name in MAKE_TARGETS
+           else f"python -m minialign replicate ... --out {out}")
+    return f"{out}: no such directory; make it first with `{how}`"
+
+
 def run_report(out):
     """`python -m minialign report DIR`: rebuild the table and figures, print the table."""
     if not (out / "protocol.json").is_file():
-        raise FileNotFoundError(f"{out}: no such directory" if not out.is_dir() else
-                                    f"{out}: no protocol.json; not a `replicate` results directory")
+        raise FileNotFoundError(not_results_dir(out))
     results = build_report(out)
     print(format_markdown(results).split("\n## ")[0])
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and "
