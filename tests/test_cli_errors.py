@@ -127,12 +127,15 @@ def test_sigterm_stops_train_like_ctrl_c(world, tmp_path):
 
 
 def test_sigterm_to_a_dry_run_group_leaks_no_semaphore(world, tmp_path):
-    """As `timeout` does: SIGTERM to the whole group, the parent and its timing processes."""
+    """As `timeout` does: SIGTERM to the whole group, the parent and its timing processes.
+    The encoder is big enough that timing lasts ~7 s (TINY's whole dry run took 2.9 s: the
+    signal could come after the command had ended, and the parent died of it, exit -15)."""
     dry = start(["replicate", "--captions", world["captions"], "--embeddings",
                  world["embeddings"], "--out", str(tmp_path / "o"), "--dry-run", "--jobs", "2",
-                 "--steps", "50", *TINY], start_new_session=True)
+                 "--steps", "50", "--d-model", "128", "--n-heads", "2", "--n-layers", "2",
+                 "--batch-photos", "64"], start_new_session=True)
     wait_for(dry, "[estimate] timing")
-    time.sleep(2)                                    # the timing processes are being spawned
+    time.sleep(1)                                    # the timing processes are being spawned
     os.killpg(dry.pid, signal.SIGTERM)
     _, err = dry.communicate(timeout=120)
     assert dry.returncode == 143
