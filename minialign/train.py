@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .machinery.checkpoint import open_run, resume_run, run_state, save_checkpoint
+from .machinery.checkpoint import (CHECKPOINT_SECONDS, open_run, resume_run, run_state,
+                                   save_checkpoint)
 from .machinery.files import append_line, check_fields
 from .machinery.monitor import Progress, evaluate_val, finish, prepare, print_start, run_info
 from .machinery.rundir import finished_run, open_log, record_divergence, start_run
@@ -116,6 +117,7 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     print_start(cfg, info)
 
     t_start = time.perf_counter() - seconds_before
+    t_saved = time.perf_counter()                               # the last checkpoint's time
     with open_log(out) as log, Progress(cfg, first_step, progress) as screen:
         for step in range(first_step, cfg.steps):
             if stop_after is not None and step >= stop_after:   # as if killed here (tests)
@@ -138,8 +140,11 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
             if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 evaluate_val(params, cfg, data, out, step + 1, metrics, screen)
 
-            # Checkpoint: what a resumed run needs, at every evaluation step and the last step.
-            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            # Checkpoint: what a resumed run needs, at every evaluation step, the last step, and
+            # at least every CHECKPOINT_SECONDS (a stop loses at most 10 minutes of steps).
+            if ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+                    or time.perf_counter() - t_saved >= CHECKPOINT_SECONDS):
                 save_checkpoint(out, step + 1, params, state, rngs, log.tell(),
                                 time.perf_counter() - t_start)
+                t_saved = time.perf_counter()
     return finish(params, cfg, data, out, metrics, t_start)

@@ -122,3 +122,14 @@ def test_config_mismatch_is_an_error_naming_the_directory(world, tmp_path):
         train.train(config(world["captions"]), tmp_path / "other", progress=False, resume=True)
     with pytest.raises(ValueError, match="not both"):
         train.train(config(world["captions"]), run, force=True, resume=True)
+
+
+def test_a_checkpoint_at_least_every_checkpoint_seconds(world, tmp_path, monkeypatch):
+    """train.CHECKPOINT_SECONDS = 0: a checkpoint after every step, so a run stopped after
+    step 5 (evaluations at 3 and 6) resumes from step 5, not 3, and ends as one never stopped."""
+    monkeypatch.setattr(train, "CHECKPOINT_SECONDS", 0)
+    cfg, run = config(world["captions"]), tmp_path / "run"
+    assert train.train(cfg, run, progress=False, stop_after=5) is None
+    assert json.loads(str(arrays(run / rundir.CHECKPOINT)["state"]))["step"] == 5
+    train.train(cfg, run, progress=False, resume=True)
+    assert_same_run(world["whole"], run)

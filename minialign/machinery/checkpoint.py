@@ -21,6 +21,8 @@ from .files import (LOCK_FILE, TMP_SUFFIX, DirLock, atomic_savez, load_npz,
 from .rundir import (CAPTION_FILE, CAPTIONS_DIR, CHECKPOINT, CONFIG, DIVERGED, LOG, METRICS,
                      RUN_FILES, read_metrics, read_run_config, upgrade_config, write_metrics)
 
+CHECKPOINT_SECONDS = 600   # train saves a checkpoint at every evaluation and at least this often
+
 
 def run_files(out):
     """The files in `out` that a minialign run writes: RUN_FILES, captions/<split>_stepNNNNN.npz,
