@@ -213,13 +213,13 @@ def run_grid(protocol, out, emb, progress, jobs=1, threads=None):
         searches[objective] = search = lr_search(
             protocol, score_function(protocol, out, emb, metric, objective))
         if search["todo"] is not None:
-            print(f"[{protocol.kind}] lr search {objective}: incomplete, {search['todo']:.2e} has "
+            print(f"{tally['tag']} lr search {objective}: incomplete, {search['todo']:.2e} has "
                   f"no val {metric}", flush=True)
             continue
-        print(f"[{protocol.kind}] lr search {objective}: chosen {search['chosen']:.2e} "
+        print(f"{tally['tag']} lr search {objective}: chosen {search['chosen']:.2e} "
               f"({'interior' if search['interior'] else 'ON THE EDGE'}) of "
               f"{', '.join(f'{lr:.2e}' for lr in search['lrs'])} on val {metric}", flush=True)
-    print(f"[{protocol.kind}] grid done in {(time.perf_counter() - t0) / 60:.1f} min this session",
+    print(f"{tally['tag']} grid done in {(time.perf_counter() - t0) / 60:.1f} min this session",
           flush=True)
     return searches
 
