@@ -27,7 +27,7 @@ test:
 
 # one line, exit 2, when the captions file is missing: which make command creates it
 CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \
-	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json' >&2; exit 2; }
+	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (e.g. ../shared/coco/captions_val2017.json)' >&2; exit 2; }
 
 data:               ## one-time (internet): COCO captions, the 10,000-photo subset, its photos -> coco/
 	$(PY) -m minialign data
