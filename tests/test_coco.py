@@ -202,7 +202,7 @@ def test_a_zip_unlike_the_published_one_is_refused_before_extraction(
     assert str(err.value) == (f"{zip_path}: {what}, expected {size} bytes with sha256 "
                               f"{expected} (COCO's published {coco.ANNOTATIONS_ZIP}); a damaged "
                               f"download or another file at --annotations-url; deleted it, "
-                              f"nothing extracted")
+                              f"nothing extracted (rerun to download it again)")
     assert extracted == [] and sorted((tmp_path / "coco").iterdir()) == []   # nothing kept
 
 

@@ -142,7 +142,8 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, zip_size=No
         check_zip(zip_path, zip_size, zip_sha256)
     except ValueError as err:
         zip_path.unlink(missing_ok=True)
-        raise ValueError(f"{err}; deleted it, nothing extracted") from None
+        raise ValueError(f"{err}; deleted it, nothing extracted (rerun to download it "
+                         f"again)") from None
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
     try:
         try:
