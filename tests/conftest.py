@@ -21,3 +21,22 @@ def server():
     from localhttp import serve
     with serve() as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def tls_cert(tmp_path_factory):
+    """A self-signed (certificate, key) for 127.0.0.1, or a skip that says why."""
+    from localhttp import self_signed_cert
+    cert = self_signed_cert(tmp_path_factory.mktemp("tls"))
+    if cert is None:
+        pytest.skip("cannot make a self-signed certificate (no working `openssl` command)")
+    return cert
+
+
+@pytest.fixture
+def tls_server(tls_cert):
+    """The `server` fixture over HTTPS (.url https://127.0.0.1:PORT); clients do not trust
+    its certificate unless a test sets SSL_CERT_FILE to tls_cert[0]."""
+    from localhttp import serve
+    with serve(tls_cert) as srv:
+        yield srv

@@ -3,13 +3,16 @@
 The server's paths are test knobs: /files/NAME serves a file (with Range -> 206), /cut-once/NAME
 sends half of it then closes on the first request only, /cut-always/NAME always does, /flaky/NAME
 answers 500 twice then serves, /stall-once/NAME says nothing for 0.5 s on the first request,
-/norange/NAME ignores Range (200), /html/NAME is an HTML error page with status 200, anything
-else is 404. Every request is recorded with its Range header. tests/conftest.py's `server`
-fixture starts one per test.
+/norange/NAME ignores Range (200), /html/NAME is an HTML error page with status 200,
+/other-once/NAME serves NAME.other on the first request and NAME after, anything else is 404.
+Every request is recorded with its Range header. tests/conftest.py's `server` fixture starts
+one per test; `tls_server` one over HTTPS, with a self-signed certificate made for the test.
 """
 import contextlib
 import hashlib
 import io
+import ssl
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,8 +45,10 @@ class Handler(BaseHTTPRequestHandler):
     def answer(self, seen):
         knob, _, name = self.path.strip("/").partition("/")
         data = self.server.files.get(name)
+        if knob == "other-once" and seen == 1:
+            data = self.server.files.get(name + ".other")
         if data is None or knob not in ("files", "cut-once", "cut-always", "flaky", "norange",
-                                        "html", "stall-once"):
+                                        "html", "stall-once", "other-once"):
             return self.reply(404, b"not found", "text/plain")
         if knob == "html":
             return self.reply(200, b"<html><body>Service unavailable</body></html>", "text/html")
@@ -79,20 +84,39 @@ class Handler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve():
+def serve(cert=None):
     """A ThreadingHTTPServer on a free port: .files {name: bytes}, .requests [(path, Range)],
-    .max_active (most requests in flight at once), .delay (seconds before each answer)."""
+    .max_active (most requests in flight at once), .delay (seconds before each answer).
+    cert: (certificate file, key file) to serve HTTPS instead of HTTP."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.files, srv.requests, srv.lock = {}, [], threading.Lock()
     srv.active = srv.max_active = 0
     srv.delay = 0.0
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.url = f"http{'s' if cert else ''}://127.0.0.1:{srv.server_address[1]}"
+    if cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*cert)
+        srv.socket = context.wrap_socket(srv.socket, server_side=True)
     thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
     srv.server_close()
     thread.join()
+
+
+def self_signed_cert(folder):
+    """(certificate, key) files for 127.0.0.1, made by the `openssl` command; None if it fails
+    (no openssl). A client trusts it only when told to (SSL_CERT_FILE)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    try:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
+                       capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return cert, key
 
 
 def random_bytes(n, seed=0):

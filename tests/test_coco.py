@@ -118,7 +118,8 @@ def fake_download(monkeypatch):
 @pytest.fixture
 def zip_of(tmp_path_factory):
     """A small annotations_trainval2017.zip (stored, not deflated) with both captions files
-    and a member that is not extracted. Returns (zip path, {name: bytes}, val sha256)."""
+    and a member that is not extracted. Returns (zip path, {name: bytes}, {"zip_size",
+    "zip_sha256"}: its own published values, for get_annotations)."""
     folder = tmp_path_factory.mktemp("zip")
     files = {"captions_train2017.json": json.dumps(made_up_coco(40, seed=1)).encode(),
              "captions_val2017.json": json.dumps(made_up_coco(15, seed=2)).encode()}
@@ -127,12 +128,19 @@ def zip_of(tmp_path_factory):
         for name, data in files.items():
             zf.writestr(f"annotations/{name}", data)
         zf.writestr("annotations/instances_val2017.json", b"{}")
-    return path, files, hashlib.sha256(files["captions_val2017.json"]).hexdigest()
+    return path, files, {"zip_size": path.stat().st_size,
+                         "zip_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def publish(monkeypatch, digest):
+    """Make a test zip's size and sha256 the published ones, as the command reads them."""
+    monkeypatch.setattr(coco, "ANNOTATIONS_SIZE", digest["zip_size"])
+    monkeypatch.setattr(coco, "ANNOTATIONS_SHA256", digest["zip_sha256"])
 
 
 def test_annotations_extracted_verified_then_skipped(tmp_path, zip_of, fake_download, capsys):
     url, files, sha = zip_of
-    paths = coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    paths = coco.get_annotations(tmp_path, url=url, **sha)
     assert {k: p.read_bytes() for k, p in paths.items()} == {
         "train": files["captions_train2017.json"], "val": files["captions_val2017.json"]}
     assert sorted(p.name for p in (tmp_path / "annotations").iterdir()) == [
@@ -140,22 +148,23 @@ def test_annotations_extracted_verified_then_skipped(tmp_path, zip_of, fake_down
     assert (tmp_path / "annotations" / "MANIFEST.sha256").read_text() == "".join(
         f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["annotations"]   # zip deleted
-    assert f"deleted {tmp_path / coco.ANNOTATIONS_ZIP}" in capsys.readouterr().out
-    assert coco.get_annotations(tmp_path, url="nowhere", val_sha256=sha) == paths
+    assert f"extracted from {tmp_path / coco.ANNOTATIONS_ZIP} (sha256 " in capsys.readouterr().out
+    assert coco.get_annotations(tmp_path, url="nowhere", **sha) == paths
     assert len(fake_download) == 1 and "complete (MANIFEST.sha256 matches), skipped" in \
         capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage, said", [
     (lambda p: p.write_bytes(p.read_bytes()[:-1] + b" "), "captions_train2017.json damaged"),
-    (lambda p: p.unlink(), "captions_train2017.json missing")])
+    (lambda p: p.unlink(), "captions_train2017.json missing"),
+    (lambda p: (p.parent / "MANIFEST.sha256").unlink(), "no MANIFEST.sha256")])  # by hand
 def test_damaged_or_missing_file_is_named_and_extracted_again(tmp_path, zip_of, fake_download,
                                                               capsys, damage, said):
     url, files, sha = zip_of
-    paths = coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    paths = coco.get_annotations(tmp_path, url=url, **sha)
     (tmp_path / "annotations" / "notes.txt").write_text("mine")           # kept
     damage(paths["train"])
-    coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    coco.get_annotations(tmp_path, url=url, **sha)
     assert said in capsys.readouterr().out and len(fake_download) == 2
     assert paths["train"].read_bytes() == files["captions_train2017.json"]
     assert (tmp_path / "annotations" / "notes.txt").read_text() == "mine"
@@ -164,40 +173,46 @@ def test_damaged_or_missing_file_is_named_and_extracted_again(tmp_path, zip_of, 
 
 
 def truncated(path, folder):
-    """The first half of the zip: its central directory is gone."""
+    """The first half of the zip (a cut that was not resumed)."""
     (folder / path.name).write_bytes(path.read_bytes()[:path.stat().st_size // 2])
     return folder / path.name
 
 
-def bad_crc(path, folder):
-    """One byte changed inside the stored captions_train2017.json (its first member)."""
+def one_byte_changed(path, folder):
+    """One byte changed inside the stored captions_train2017.json: same size, other sha256."""
     data = path.read_bytes()
     at = data.index(b'"made up"')
     (folder / path.name).write_bytes(data[:at] + b'"made uP"' + data[at + 9:])
     return folder / path.name
 
 
-@pytest.mark.parametrize("make_bad, said", [
-    (truncated, "not a complete zip archive (truncated?"),
-    (bad_crc, "corrupt download (bad CRC in annotations/captions_train2017.json)"),
-])
-def test_bad_archive_is_one_line_and_deleted(tmp_path, zip_of, fake_download, make_bad, said):
-    url, _, sha = zip_of
+@pytest.mark.parametrize("make_bad", [truncated, one_byte_changed])
+def test_a_zip_unlike_the_published_one_is_refused_before_extraction(
+        tmp_path, zip_of, fake_download, monkeypatch, make_bad):
+    url, _, digest = zip_of
     bad = make_bad(url, tmp_path)
+    extracted = []
+    monkeypatch.setattr(coco, "extract_captions", lambda *args: extracted.append(args))
     with pytest.raises(ValueError) as err:
-        coco.get_annotations(tmp_path / "coco", url=bad, val_sha256=sha)
-    zip_path = tmp_path / "coco" / coco.ANNOTATIONS_ZIP
-    assert str(err.value).startswith(f"{zip_path}: {said}") and "\n" not in str(err.value)
-    assert str(err.value).endswith("deleted it, rerun `make data` to download it again")
-    assert sorted((tmp_path / "coco").iterdir()) == []          # no zip, no folder
+        coco.get_annotations(tmp_path / "coco", url=bad, **digest)
+    zip_path, found = tmp_path / "coco" / coco.ANNOTATIONS_ZIP, hashlib.sha256(bad.read_bytes())
+    size, expected = digest["zip_size"], digest["zip_sha256"]
+    what = (f"sha256 {found.hexdigest()}" if make_bad is one_byte_changed
+            else f"{size // 2} bytes")
+    assert str(err.value) == (f"{zip_path}: {what}, expected {size} bytes with sha256 "
+                              f"{expected} (COCO's published {coco.ANNOTATIONS_ZIP}); a damaged "
+                              f"download or another file at --annotations-url; deleted it, "
+                              f"nothing extracted (rerun to download it again)")
+    assert extracted == [] and sorted((tmp_path / "coco").iterdir()) == []   # nothing kept
 
 
-def test_another_val_file_is_refused(tmp_path, zip_of, fake_download):
-    url, _, sha = zip_of
-    with pytest.raises(ValueError, match=f"annotations_trainval2017.zip: its annotations/"
-                       f"captions_val2017.json has sha256 {sha[:12]}..., not the official "
-                       f"1018a8760dea...; check --annotations-url"):
-        coco.get_annotations(tmp_path, url=url)                 # the real file's sha256
+def test_the_published_zip_is_the_default(tmp_path, zip_of, fake_download):
+    url, _, _ = zip_of
+    assert (coco.ANNOTATIONS_SIZE, coco.ANNOTATIONS_SHA256) == (
+        252_907_541, "113a836d90195ee1f884e704da6304dfaaecff1f023f49b6ca93c4aaae470268")
+    assert coco.ANNOTATIONS_URL.startswith("https://")
+    with pytest.raises(ValueError, match=r"expected 252907541 bytes with sha256 113a836d"):
+        coco.get_annotations(tmp_path, url=url)                 # our small zip: refused
     assert sorted(tmp_path.iterdir()) == []
 
 
@@ -210,11 +225,11 @@ def test_failure_during_extraction_never_leaves_a_half_folder(tmp_path, zip_of, 
         raise KeyboardInterrupt
     with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
         patched.setattr(coco, "write_manifest", interrupted)
-        coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+        coco.get_annotations(tmp_path, url=url, **sha)
     assert [p.name for p in tmp_path.iterdir()] == [coco.ANNOTATIONS_ZIP]   # kept for a rerun
     (tmp_path / ".annotations.tmp-killed").mkdir()    # what a SIGKILL would leave
     (tmp_path / ".annotations.tmp-killed" / "captions_train2017.json").write_text("{")
-    coco.get_annotations(tmp_path, url=url, val_sha256=sha)
+    coco.get_annotations(tmp_path, url=url, **sha)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["annotations"]
     assert coco.manifest_problems(tmp_path / "annotations") == []
 
@@ -222,7 +237,7 @@ def test_failure_during_extraction_never_leaves_a_half_folder(tmp_path, zip_of, 
 # ---------------------------------------------------------------- the command
 def test_data_command_end_to_end(tmp_path, zip_of, fake_download, monkeypatch, capsys):
     url, files, sha = zip_of
-    monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", sha)
+    publish(monkeypatch, sha)
     root = tmp_path / "coco"
     argv = ["data", "--root", str(root), "--num-photos", "12", "--seed", "3",
             "--annotations-url", str(url)]
@@ -252,7 +267,7 @@ def test_data_command_end_to_end(tmp_path, zip_of, fake_download, monkeypatch, c
 def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake_download,
                                                           monkeypatch, capsys):
     url, _, sha = zip_of
-    monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", sha)
+    publish(monkeypatch, sha)
     failing = {"fetched": 10, "already_present": 0, "failed": {42: "HTTP 404", 7: "timed out"}}
     monkeypatch.setattr(sys.modules["minialign.machinery.photos"], "fetch_images",
                         lambda records, out_dir, **kw: failing)
@@ -263,36 +278,60 @@ def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake
         "timed out); rerun `make data` to retry\n")
 
 
-# ---------------------------------------------------------------- over HTTP, end to end
-def test_data_over_http_then_a_rerun_fetches_only_what_failed(tmp_path, server, monkeypatch,
-                                                              capsys):
-    """`data` against a local server: the annotations zip cut mid-transfer once (resumed),
-    the subset's photos fetched in parallel, one photo an HTML error page (reported by id,
-    exit 2); the rerun downloads nothing but that photo."""
+# ---------------------------------------------------------------- over HTTP(S), end to end
+def serve_coco(server, tmp_path, monkeypatch, broken_knob="html"):
+    """Serve a 30-photo annotations zip (published here: its size and sha256 patched in) and
+    small photos of the recorded sizes, each coco_url http:// on the server's port, as COCO's
+    are; one photo of the 10-photo subset answers with broken_knob. Returns its id."""
     from localhttp import jpeg_bytes
     source = made_up_coco(30, seed=5)
     broken_id = coco.choose_subset(source, 10, 0)["images"][3]["id"]
-    for image in source["images"]:              # small photos of the recorded size, served here
-        knob = "html" if image["id"] == broken_id else "files"
-        image.update(width=32, height=24, coco_url=f"{server.url}/{knob}/{image['file_name']}")
+    port = server.url.rpartition(":")[2]
+    for image in source["images"]:
+        knob = broken_knob if image["id"] == broken_id else "files"
+        image.update(width=32, height=24,
+                     coco_url=f"http://127.0.0.1:{port}/{knob}/{image['file_name']}")
         server.files[image["file_name"]] = jpeg_bytes(32, 24, seed=image["id"])
-    val = json.dumps(made_up_coco(8, seed=6)).encode()
-    monkeypatch.setattr(coco, "VAL_CAPTIONS_SHA256", hashlib.sha256(val).hexdigest())
     archive = tmp_path / "served.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
         zf.writestr(coco.TRAIN_CAPTIONS, json.dumps(source))
-        zf.writestr(coco.VAL_CAPTIONS, val)
+        zf.writestr(coco.VAL_CAPTIONS, json.dumps(made_up_coco(8, seed=6)))
     server.files[coco.ANNOTATIONS_ZIP] = archive.read_bytes()
+    publish(monkeypatch, {"zip_size": archive.stat().st_size,
+                          "zip_sha256": hashlib.sha256(archive.read_bytes()).hexdigest()})
+    return broken_id
 
+
+def test_plain_http_is_refused_without_the_flag(tmp_path, server, capsys):
+    root = tmp_path / "coco"
+    zip_url = f"{server.url}/files/{coco.ANNOTATIONS_ZIP}"
+    for flag, url in (("--annotations-url", zip_url), ("--images-url", f"{server.url}/")):
+        assert main(["data", "--root", str(root), flag, url]) == 2
+        assert capsys.readouterr().err == (
+            f"minialign data: error: {flag} {url}: plain HTTP refused (unauthenticated: the "
+            f"bytes can be changed on the way); use an https:// URL, or pass --allow-http\n")
+    assert not root.exists() and server.requests == []      # refused before anything
+
+
+def test_data_over_http_then_a_rerun_fetches_only_what_failed(tmp_path, server, monkeypatch,
+                                                              capsys):
+    """`data --allow-http` against a local server: the annotations zip cut mid-transfer once
+    (resumed), checked, the subset's photos fetched in parallel, one photo an HTML error page
+    (fetched twice, reported by id, exit 2); the rerun downloads nothing but that photo."""
+    broken_id = serve_coco(server, tmp_path, monkeypatch)
     root = tmp_path / "coco"
     server.delay = 0.05                      # each answer waits, so parallel requests overlap
     argv = ["data", "--root", str(root), "--num-photos", "10", "--workers", "3",
-            "--annotations-url", f"{server.url}/cut-once/{coco.ANNOTATIONS_ZIP}"]
+            "--annotations-url", f"{server.url}/cut-once/{coco.ANNOTATIONS_ZIP}", "--allow-http"]
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0].startswith("--allow-http: plain http:// URLs are used "
+                                                   "as given (the zip is still checked")
+    err = captured.err.strip().splitlines()
     assert "transfer cut short" in err[1] and "\r" not in "".join(err)
     assert err[-1] == (f"minialign data: error: 1 photos could not be fetched: ids [{broken_id}] "
-                       f"(not an image: the server sent text/html); rerun `make data` to retry")
+                       f"(photo {broken_id}: not an image: the server sent text/html; refused "
+                       f"(2 fetches)); rerun `make data` to retry")
     zip_requests = [r for r in server.requests if r[0].endswith(coco.ANNOTATIONS_ZIP)]
     assert len(zip_requests) == 2 and zip_requests[1][1].startswith("bytes=")   # resumed
     assert not (root / coco.ANNOTATIONS_ZIP).exists()           # deleted once extracted
@@ -305,5 +344,19 @@ def test_data_over_http_then_a_rerun_fetches_only_what_failed(tmp_path, server, 
 
     server.requests.clear()
     assert main(argv) == 2                   # the rerun: only the failed photo is asked for
-    assert server.requests == [(f"/html/{broken_id:012d}.jpg", None)]
+    assert server.requests == 2 * [(f"/html/{broken_id:012d}.jpg", None)]
     assert f"ids [{broken_id}]" in capsys.readouterr().err
+
+
+def test_data_over_https_rewrites_the_photos_http_urls(tmp_path, tls_server, tls_cert,
+                                                       monkeypatch, capsys):
+    """Without --allow-http: the zip over HTTPS, and each photo's http:// coco_url fetched as
+    https:// from the same server, whose certificate the client trusts (SSL_CERT_FILE)."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))
+    serve_coco(tls_server, tmp_path, monkeypatch, broken_knob="files")
+    root = tmp_path / "coco"
+    assert main(["data", "--root", str(root), "--num-photos", "10", "--annotations-url",
+                 f"{tls_server.url}/files/{coco.ANNOTATIONS_ZIP}"]) == 0
+    assert "10 photos fetched, 0 already present" in capsys.readouterr().out
+    assert len(list((root / "train2017").glob("*.jpg"))) == 10
+    assert len(tls_server.requests) == 11                        # the zip and 10 photos

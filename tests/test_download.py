@@ -2,14 +2,16 @@
 `server` fixture of conftest.py, whose path knobs tests/localhttp.py describes.
 """
 import socket
+import struct
 import time
+import zlib
 
 import pytest
 from PIL import Image
 
 import minialign.machinery.photos as photos_module
-from minialign.machinery.download import DownloadError, download
-from minialign.machinery.photos import MANIFEST, fetch_images
+from minialign.machinery.download import DownloadError, download, refuse_http
+from minialign.machinery.photos import IMAGES_URL, MANIFEST, fetch_images, photo_url
 
 from localhttp import TINY_BACKOFF, jpeg_bytes, random_bytes, sha256
 
@@ -178,11 +180,13 @@ def test_fetch_images_reports_failures_by_id_and_a_rerun_fetches_only_those(serv
                                     ("files", 24, 24, 24, 24), ("html", 40, 30, 40, 30),
                                     ("files", 50, 37, 64, 48), ("missing", 40, 30, 40, 30)])
     out = tmp_path / "images"
-    result = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False)
+    result = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False,
+                          allow_http=True)
     assert result["fetched"] == 3 and result["already_present"] == 0
     assert sorted(result["failed"]) == [4, 5, 6]
-    assert result["failed"][4] == "not an image: the server sent text/html"
-    assert result["failed"][5] == "size 64x48, expected 50x37"
+    assert result["failed"][4] == ("photo 4: not an image: the server sent text/html; refused "
+                                   "(2 fetches)")
+    assert result["failed"][5] == "photo 5: size 64x48, expected 50x37; refused (2 fetches)"
     assert result["failed"][6].startswith(f"{records[5]['coco_url']}: cannot download "
                                           f"(HTTP 404 Not Found)")
     for record in records[:3]:
@@ -198,23 +202,24 @@ def test_fetch_images_reports_failures_by_id_and_a_rerun_fetches_only_those(serv
     opened, real_open = [], Image.open                  # the images the rerun decodes
     monkeypatch.setattr(photos_module.Image, "open",
                         lambda path: opened.append(path.name) or real_open(path))
-    again = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False)
+    again = fetch_images(records, out, workers=3, backoff=TINY_BACKOFF, progress=False,
+                         allow_http=True)
     assert again["fetched"] == 0 and again["already_present"] == 3
-    assert sorted(opened) == [r["file_name"] for r in records[3:5]]   # in .verified.tsv: not
+    assert sorted(opened) == sorted(2 * [r["file_name"] for r in records[3:5]])  # fetched twice
     assert again["failed"] == result["failed"]
     assert sorted(path for path, _ in server.requests) == sorted(r["coco_url"].removeprefix(
-        server.url) for r in records[3:])
+        server.url) for r in 2 * records[3:5] + records[5:])
 
 
 def test_fetch_images_verifies_present_files_and_refetches_a_damaged_one(server, tmp_path):
     records = coco_records(server, [("files", 40, 30, 40, 30), ("files", 30, 20, 30, 20)])
     out = tmp_path / "images"
-    fetch_images(records, out, backoff=TINY_BACKOFF, progress=False)
+    fetch_images(records, out, backoff=TINY_BACKOFF, progress=False, allow_http=True)
     (out / MANIFEST).unlink()                           # no manifest: both are decoded again
     path = out / records[1]["file_name"]
     path.write_bytes(path.read_bytes()[:200])           # a truncated JPEG: fetched again
     server.requests.clear()
-    result = fetch_images(records, out, backoff=TINY_BACKOFF, progress=False)
+    result = fetch_images(records, out, backoff=TINY_BACKOFF, progress=False, allow_http=True)
     assert result == {"fetched": 1, "already_present": 1, "failed": {}}
     assert server.requests == [(f"/files/{records[1]['file_name']}", None)]
     assert path.read_bytes() == server.files[records[1]["file_name"]]
@@ -226,9 +231,47 @@ def test_fetch_images_verifies_present_files_and_refetches_a_damaged_one(server,
 def test_fetch_images_runs_at_most_workers_downloads_at_once(server, tmp_path):
     records = coco_records(server, [("files", 16, 16, 16, 16)] * 9)
     server.delay = 0.1                                  # long enough for requests to overlap
-    result = fetch_images(records, tmp_path, workers=3, progress=False)
+    result = fetch_images(records, tmp_path, workers=3, progress=False, allow_http=True)
     assert result["fetched"] == 9 and len(server.requests) == 9
     assert 2 <= server.max_active <= 3
+
+
+def test_a_photo_of_the_wrong_size_is_refused_before_decoding_and_fetched_once_more(server,
+                                                                                    tmp_path):
+    records = coco_records(server, [("other-once", 40, 30, 40, 30), ("files", 50, 37, 64, 48)])
+    server.files[records[0]["file_name"] + ".other"] = jpeg_bytes(64, 48)   # first answer
+    wrong = records[1]["file_name"]
+    server.files[wrong] = server.files[wrong][:1700]   # header (64 x 48), half the scan
+    result = fetch_images(records, tmp_path, backoff=TINY_BACKOFF, progress=False,
+                          allow_http=True)
+    assert result["fetched"] == 1 and (tmp_path / records[0]["file_name"]).read_bytes() == \
+        server.files[records[0]["file_name"]]          # the second answer, 40 x 30
+    # refused on its header's size (not as unreadable), twice, by id, and not kept
+    assert result["failed"] == {2: "photo 2: size 64x48, expected 50x37; refused (2 fetches)"}
+    assert [path for path, _ in server.requests].count(f"/files/{wrong}") == 2
+    assert not (tmp_path / wrong).exists()
+
+
+def png_header(width, height):
+    """A PNG that says width x height and holds one empty zlib stream: header, no pixels."""
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def test_decompression_bomb_guard_stays_on(server, tmp_path):
+    assert Image.MAX_IMAGE_PIXELS is not None           # importing minialign leaves it on
+    side = 20_000                                       # 4e8 pixels > 2 * MAX_IMAGE_PIXELS
+    server.files["bomb.png"] = png_header(side, side)
+    record = {"id": 3, "file_name": "bomb.png", "width": side, "height": side,
+              "coco_url": f"{server.url}/files/bomb.png"}  # the record agrees: Pillow refuses
+    result = fetch_images([record], tmp_path, backoff=TINY_BACKOFF, progress=False,
+                          allow_http=True)
+    assert result["failed"][3].startswith("photo 3: not a readable image "
+                                          "(DecompressionBombError: ")
+    assert list(tmp_path.glob("*.png")) == []
 
 
 def test_fetch_images_refuses_a_bad_record_by_id(tmp_path):
@@ -258,7 +301,41 @@ def test_progress_bars_on_request(server, tmp_path, capsys):
     download(f"{server.url}/cut-once/a.bin", tmp_path / "a.bin", backoff=TINY_BACKOFF,
              progress=True)                             # the bar is reset for the resumed try
     records = coco_records(server, [("files", 20, 10, 20, 10), ("missing", 20, 10, 20, 10)])
-    result = fetch_images(records, tmp_path / "images", backoff=TINY_BACKOFF, progress=True)
+    result = fetch_images(records, tmp_path / "images", backoff=TINY_BACKOFF, progress=True,
+                          allow_http=True)
     assert (tmp_path / "a.bin").read_bytes() == data and result["fetched"] == 1
     err = capsys.readouterr().err
     assert "a.bin: 100%" in err and "fetch_images: 100%" in err and "1 failed" in err
+
+
+# ---------------------------------------------------------------- HTTPS only, unless allowed
+def test_photo_urls_are_https_unless_http_is_allowed():
+    coco = "http://images.cocodataset.org/train2017/000000000009.jpg"
+    assert IMAGES_URL == "https://images.cocodataset.org/"
+    assert photo_url(coco) == "https://images.cocodataset.org/train2017/000000000009.jpg"
+    assert photo_url(coco, "https://s3.amazonaws.com/images.cocodataset.org/") == \
+        "https://s3.amazonaws.com/images.cocodataset.org/train2017/000000000009.jpg"
+    assert photo_url("http://127.0.0.1:8/files/a.jpg") == "https://127.0.0.1:8/files/a.jpg"
+    assert photo_url("http://127.0.0.1:8/files/a.jpg", allow_http=True) == \
+        "http://127.0.0.1:8/files/a.jpg"
+    refuse_http("--images-url", "https://x/", allow_http=False)          # fine
+    refuse_http("--images-url", "http://x/", allow_http=True)            # allowed
+    with pytest.raises(ValueError, match=r"^--images-url http://x/: plain HTTP refused "):
+        refuse_http("--images-url", "http://x/", allow_http=False)
+
+
+def test_https_download_verifies_the_server_certificate(tls_server, tls_cert, tmp_path,
+                                                        monkeypatch):
+    """Over TLS with a self-signed certificate: refused at once (no retries) while it is not
+    trusted; trusted through SSL_CERT_FILE, downloaded and resumed after a cut."""
+    data = tls_server.files["a.bin"] = random_bytes(20_000)
+    url = f"{tls_server.url}/cut-once/a.bin"
+    with pytest.raises(DownloadError) as info:
+        download(url, tmp_path / "a.bin", backoff=TINY_BACKOFF, progress=False)
+    assert info.value.tries == 1 and "TLS certificate does not verify" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))
+    download(url, tmp_path / "a.bin", expected_sha256=sha256(data), backoff=TINY_BACKOFF,
+             progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == data
+    assert [r for _, r in tls_server.requests] == [None, f"bytes={len(data) // 2}-"]

@@ -217,8 +217,8 @@ def test_file_without_meta_from_another_tool_is_read_with_a_note(tmp_path, capsy
     name = np.dtype(emb_dtype).name
     assert capsys.readouterr().err == (f"note: {path}: has no meta entry (model, preprocessing "
                                        f"unknown); using its 4 x 3 {name} embeddings as float32\n")
-    assert emb.meta == {"model": "unknown (no meta in file)", "preprocessing": None,
-                        "pooling": None, "captions_sha256": None, "dtype": name,
+    assert emb.meta == {"model": "unknown (no meta in file)", "revision": None,
+                        "preprocessing": None, "pooling": None, "captions_sha256": None, "dtype": name,
                         "count": 4, "dim": 3}
     assert emb.image_ids.dtype == np.int64 and emb.embeddings.dtype == np.float32
     np.testing.assert_array_equal(emb.image_ids, image_ids)

@@ -389,10 +389,24 @@ def test_embeddings_without_meta_are_scored_as_model_unknown(world, tmp_path, ca
     captured = capsys.readouterr()
     assert f"note: {plain}: has no meta entry" in captured.err
     assert summary["embeddings"]["model"] == "unknown (no meta in file)"
+    assert summary["embeddings"]["revision"] is None
     assert summary["embeddings"]["count"] == len(emb.image_ids)
     ia = json.loads((run / "metrics.json").read_text())["image_alignment"]
     assert ia["embeddings"]["model"] == "unknown (no meta in file)"
     assert 0 <= summary["runs"][0]["mutual_knn"] <= 1
+
+
+def test_the_revision_of_the_embeddings_is_printed_and_stored(world, tmp_path, capsys):
+    run = copy_run(world, "good_views", tmp_path)
+    emb = load_embeddings(world["embeddings"])
+    pinned = tmp_path / "pinned.npz"
+    save_embeddings(pinned, emb.image_ids, emb.embeddings, {**emb.meta, "revision": "abc123"})
+    for path, said in ((world["embeddings"], f"{emb.meta['model']} (revision not recorded)"),
+                       (pinned, f"{emb.meta['model']} at revision abc123")):
+        cli("--run", run, "--embeddings", path)
+        assert f"image embeddings {path} ({said}, sha256 " in capsys.readouterr().out
+    ia = json.loads((run / "metrics.json").read_text())["image_alignment"]
+    assert ia["embeddings"]["revision"] == "abc123"
 
 
 def test_slot_summary():

@@ -2,6 +2,7 @@
 photos in ../shared/coco (no download). Pillow-only helpers are tested without torch."""
 import argparse
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -10,9 +11,9 @@ from PIL import Image
 
 from minialign.machinery.embeddings import load_embeddings, sha256_file
 from minialign.machinery.cli import add_export_args, run_export
-from minialign.machinery.export import (POOLING, choose_photos, export_embeddings,
-                              load_rgb, plain_progress_due, plain_progress_line, 
-                              to_rgb)
+from minialign.machinery.export import (DEFAULT_REVISION, POOLING, choose_photos,
+                                        export_embeddings, load_pretrained, load_rgb,
+                                        plain_progress_due, plain_progress_line, to_rgb)
 
 COCO_DIR = SHARED_COCO
 IMAGES_DIR = COCO_DIR / "images"
@@ -141,6 +142,37 @@ def test_unloadable_model_is_a_friendly_error(tmp_path):
     assert not (tmp_path / "out.npz").exists()
 
 
+def test_the_pinned_revision_is_loaded_with_safetensors_and_no_remote_code():
+    calls = []
+
+    class Loader:                                       # stands in for a from_pretrained class
+        @staticmethod
+        def from_pretrained(name, **options):
+            calls.append((name, options))
+            return name
+    fake = argparse.Namespace(Dinov2Model=Loader, AutoImageProcessor=Loader)
+    assert DEFAULT_REVISION == "f9e44c814b77203eaa57a6bdbbd535f21ede1415"
+    assert load_pretrained(fake, "facebook/dinov2-base") == ("facebook/dinov2-base",) * 2
+    pinned = {"revision": DEFAULT_REVISION, "trust_remote_code": False}
+    assert calls == [("facebook/dinov2-base", {"use_safetensors": True, **pinned}),
+                     ("facebook/dinov2-base", pinned)]
+    assert add_export_args(argparse.ArgumentParser()).parse_args(
+        ["--captions", "c", "--images", "i", "--out", "o"]).revision == DEFAULT_REVISION
+
+
+def test_pickled_weights_are_refused(tiny, tmp_path):
+    transformers = pytest.importorskip("transformers", reason=NEEDS_TORCH)
+    model, _, folder = tiny
+    pickled = tmp_path / "pickled"
+    shutil.copytree(folder, pickled)
+    for weights in pickled.glob("*.safetensors"):       # only a torch.save .bin left
+        weights.unlink()
+    torch = pytest.importorskip("torch")
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="cannot load the model"):
+        load_pretrained(transformers, str(pickled))
+
+
 def test_export_shape_ids_and_meta(exported, coco_12):
     _, ids = coco_12
     assert exported.embeddings.shape == (12, 32) and exported.embeddings.dtype == np.float32
@@ -148,6 +180,7 @@ def test_export_shape_ids_and_meta(exported, coco_12):
     np.testing.assert_array_equal(exported.image_ids, ids)        # sorted, all 12
     assert GRAYSCALE_ID in exported.image_ids
     assert exported.meta["pooling"] == POOLING and exported.meta["model"] == "tiny-random-dinov2"
+    assert exported.meta["revision"] == DEFAULT_REVISION          # the default, as recorded
     assert exported.meta["preprocessing"]["crop_size"] == {"height": 56, "width": 56}
     assert exported.meta["captions_sha256"] == sha256_file(coco_12[0])
     assert exported.embeddings.std(axis=0).min() > 0              # photos differ
@@ -191,13 +224,18 @@ def test_corrupt_image_raises_and_writes_nothing(tiny, tmp_path):
 
 def test_cli_loads_from_pretrained_folder(exported, coco_12, tiny, tmp_path, capsys):
     (captions, _), (_, _, folder) = coco_12, tiny
-    out = tmp_path / "cli.npz"
+    out, revision = tmp_path / "cli.npz", "0123456789abcdef0123456789abcdef01234567"
     argv = ["--captions", str(captions), "--images", str(IMAGES_DIR), "--model", str(folder),
-            "--out", str(out), "--batch-size", "5", "--num-photos", "4"]
+            "--out", str(out), "--batch-size", "5", "--num-photos", "4", "--revision", revision]
     args = add_export_args(argparse.ArgumentParser()).parse_args(argv)
     assert run_export(args) == 0
-    assert f"{sha256_file(out)}  {out}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"{sha256_file(out)}  {out}" in printed.out and f"at revision {revision}" in printed.out
+    assert printed.err.splitlines()[0] == (
+        f"note: --model {folder} is a local folder, read as it is; recording --revision "
+        f"{revision} as given (transformers cannot check it)")
     emb = load_embeddings(out)
+    assert emb.meta["revision"] == revision and emb.meta["model"] == str(folder)
     assert emb.image_ids.shape == (4,) and emb.meta["num_photos"] == 4
     rows = np.searchsorted(exported.image_ids, emb.image_ids)      # same weights, same pixels
     np.testing.assert_allclose(emb.embeddings, exported.embeddings[rows], rtol=1e-5, atol=1e-6)

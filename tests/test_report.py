@@ -18,7 +18,7 @@ from minialign import train
 from minialign.machinery.cli import add_report_args, run_report
 from minialign.machinery.protocol import Protocol
 from minialign.machinery import evaluate, figures, replicate, report, synthetic
-from minialign.machinery.embeddings import load_embeddings
+from minialign.machinery.embeddings import load_embeddings, save_embeddings
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -74,7 +74,10 @@ def test_evaluate_later_fills_in_the_image_columns(text_only, tmp_path):
     before = {p: p.read_bytes() for p in (out / "runs").rglob("*.npz")}
     report.build_report(out)
     text_md = (out / "results.md").read_text()
-    emb = load_embeddings(text_only["embeddings"])
+    world = load_embeddings(text_only["embeddings"])
+    save_embeddings(tmp_path / "pinned.npz", world.image_ids, world.embeddings,
+                    {**world.meta, "revision": "abc123"})     # as export records DINOv2's
+    emb = load_embeddings(tmp_path / "pinned.npz")
     for run in sorted((out / "runs").iterdir()):      # what `python -m minialign evaluate` does
         evaluate.evaluate_run(run, emb)
     results = report.build_report(out)
@@ -84,6 +87,7 @@ def test_evaluate_later_fills_in_the_image_columns(text_only, tmp_path):
     mk = results["objectives"]["good_views"]["mutual_knn"]
     assert f"{mk['mean']:.3f} ± {mk['std']:.3f}" in md
     assert "compare the ordering of the objectives with the replication's, not the values" in md
+    assert f"Image embeddings: {world.meta['model']} at revision abc123." in md
     row = next(l for l in md.splitlines() if l.startswith("| good_views |")).split("|")
     assert row[4].strip() == row[7].strip() == "-"     # synthetic world: no published numbers
     pending = next(l for l in text_md.splitlines() if l.startswith("| good_views |"))

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import (bench, coco, compare, evaluate, export, replicate, report, scaling_report,
-               scaling_run, slurm_runs, synthetic)
+from . import (bench, coco, compare, evaluate, export, photos, replicate, report,
+               scaling_report, scaling_run, slurm_runs, synthetic)
 from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
 from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
@@ -260,14 +260,25 @@ def add_data_args(p):
                         "`make embeddings`)")
     p.add_argument("--workers", type=positive_int, default=8, help="parallel photo downloads")
     p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL,
-                   help="where annotations_trainval2017.zip is downloaded from")
+                   help="where annotations_trainval2017.zip is downloaded from; checked "
+                        f"whole before extraction: {coco.ANNOTATIONS_SIZE} bytes, sha256 "
+                        f"{coco.ANNOTATIONS_SHA256} (if the host stops answering: "
+                        "https://s3.amazonaws.com/images.cocodataset.org/annotations/"
+                        "annotations_trainval2017.zip)")
+    p.add_argument("--images-url", default=photos.IMAGES_URL,
+                   help="photos are fetched from this + the path of their coco_url, e.g. "
+                        "train2017/000000000009.jpg (alternative: "
+                        "https://s3.amazonaws.com/images.cocodataset.org/)")
+    p.add_argument("--allow-http", action="store_true",
+                   help="accept plain http:// URLs (unauthenticated) in --annotations-url and "
+                        "--images-url; the zip's sha256 is checked all the same")
     p.add_argument("--force", action="store_true",
                    help="replace a subset file that was made with other settings")
 
 
 def run_data(args):
     coco.run_data(args.root, args.num_photos, args.seed, args.images, args.workers,
-                  args.annotations_url, args.force)
+                  args.annotations_url, args.force, args.images_url, args.allow_http)
 
 
 def add_export_args(p):
@@ -277,6 +288,10 @@ def add_export_args(p):
                    help="folder of that split's images, e.g. val2017/")
     p.add_argument("--model", default=export.DEFAULT_MODEL,
                    help="Hugging Face DINOv2 name or local folder")
+    p.add_argument("--revision", default=export.DEFAULT_REVISION,
+                   help="the commit of the model's Hub repository to load, recorded in the "
+                        f"file's meta (as pinned: {export.DEFAULT_MODEL}'s 2023-07-18 release); "
+                        "safetensors weights only, no remote code")
     p.add_argument("--out", type=Path, required=True,
                    help="output .npz, e.g. embeddings/coco_val2017_dinov2-base.npz")
     p.add_argument("--batch-size", type=positive_int, default=32,
@@ -293,7 +308,7 @@ def add_export_args(p):
 
 def run_export(args):
     return export.run_export(args.captions, args.images, args.out, model_name=args.model,
-                             batch_size=args.batch_size, device=args.device,
+                             revision=args.revision, batch_size=args.batch_size, device=args.device,
                              num_photos=args.num_photos, seed=args.seed, force=args.force)
 
 

@@ -1,6 +1,7 @@
 """COCO 2017 on disk: the caption annotations, the replication's subset, its images.
 
     python -m minialign data [--root coco] [--num-photos 10000] [--seed 0] [--no-images]
+                             [--annotations-url URL] [--images-url URL] [--allow-http]
 
 The replication trains and evaluates on 10,000 photos of COCO train2017 (split 8000 / 1000 /
 1000 by data.split_photos) and needs a DINOv2 embedding of exactly those photos. So one file,
@@ -12,6 +13,12 @@ the subset, is the photo list of every later step (train, replicate, export):
 
 Every step is skipped when its output is already complete, and writes atomically (a
 temporary name, then a rename), so Ctrl-C at any point and a rerun lose nothing.
+
+What is trusted: the zip is checked whole (size, then sha256, against the published values)
+before anything is extracted, so both captions files are the official ones; every download is
+HTTPS (a plain http:// URL only with --allow-http, and the zip's checksum is checked either
+way); each photo must decode, under Pillow's decompression-bomb guard, to the width x height
+that the checked captions file gives it (photos.py).
 """
 import json
 import os
@@ -28,12 +35,14 @@ from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
 from .monitor import has_word
 from ..tokenizer import clean_caption
 
-ANNOTATIONS_URL = "http://images.cocodataset.org/annotations/annotations_trainval2017.zip"
-ANNOTATIONS_ZIP = "annotations_trainval2017.zip"     # ~241 MB, saved under --root, then deleted
+ANNOTATIONS_URL = "https://images.cocodataset.org/annotations/annotations_trainval2017.zip"
+ANNOTATIONS_ZIP = "annotations_trainval2017.zip"     # saved under --root, deleted once extracted
+# The official zip, as public projects pin it (torchvision's COCO dataset records the same sha256;
+# md5 f4bbac642086de4f52a3fdda2de5fa2c). Tests patch these two to a small zip of their own.
+ANNOTATIONS_SIZE = 252_907_541                       # bytes (~241 MiB)
+ANNOTATIONS_SHA256 = "113a836d90195ee1f884e704da6304dfaaecff1f023f49b6ca93c4aaae470268"
 TRAIN_CAPTIONS = "annotations/captions_train2017.json"  # the two zip members we extract
 VAL_CAPTIONS = "annotations/captions_val2017.json"
-# sha256 of the official captions_val2017.json (checked on ../shared/coco/captions_val2017.json)
-VAL_CAPTIONS_SHA256 = "1018a8760deaf1fc71be2f1b8da1a1348b9c35994af4322ca2fd795a78abb79c"
 MANIFEST = "MANIFEST.sha256"      # "sha256  name" lines, as `sha256sum` prints them
 TMP_PREFIX = ".annotations.tmp-"  # extraction folder, renamed to annotations/ when verified
 COPY_CHUNK_BYTES = 1 << 20        # bytes per read when extracting
@@ -71,42 +80,49 @@ def write_manifest(folder, names):
     atomic_write_bytes(Path(folder) / MANIFEST, lines.encode())
 
 
-def extract_captions(zip_path, folder, val_sha256=VAL_CAPTIONS_SHA256):
-    """Check the archive (every member's CRC) and extract only its two captions JSON files
-    into `folder`, then write folder/MANIFEST.sha256. Raises ValueError, one line naming the
-    zip, for a truncated or corrupt archive, a missing member, or a captions_val2017.json
-    whose sha256 is not val_sha256 (another file than the official one)."""
+def check_zip(zip_path, size, sha256):
+    """Raise ValueError, one line naming the zip with the expected and the found digest, if
+    the file at zip_path is not `size` bytes with sha256 `sha256` (the published values)."""
+    found_size = Path(zip_path).stat().st_size
+    found = sha256_file(zip_path) if found_size == size else None
+    if found != sha256:
+        what = f"sha256 {found}" if found else f"{found_size} bytes"
+        raise ValueError(f"{zip_path}: {what}, expected {size} bytes with sha256 {sha256} "
+                         f"(COCO's published {ANNOTATIONS_ZIP}); a damaged download or another "
+                         f"file at --annotations-url")
+
+
+def extract_captions(zip_path, folder):
+    """Extract only the two captions JSON files of a checked zip (check_zip) into `folder`,
+    then write folder/MANIFEST.sha256 of both. Raises ValueError, one line naming the zip,
+    for an unreadable archive or a missing member."""
     try:
         with zipfile.ZipFile(zip_path) as zf:
-            bad = zf.testzip()
-            if bad is not None:
-                raise ValueError(f"{zip_path}: corrupt download (bad CRC in {bad})")
             for member in (TRAIN_CAPTIONS, VAL_CAPTIONS):
                 with zf.open(member) as src, open(Path(folder) / Path(member).name, "wb") as dst:
                     shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
     except (zipfile.BadZipFile, EOFError, zlib.error) as err:
-        raise ValueError(f"{zip_path}: not a complete zip archive (truncated? {err})") from None
+        raise ValueError(f"{zip_path}: not a readable zip archive ({err})") from None
     except KeyError:
         raise ValueError(f"{zip_path}: holds no {member}; not the COCO 2017 annotations") from None
-    found = sha256_file(Path(folder) / Path(VAL_CAPTIONS).name)
-    if found != val_sha256:
-        raise ValueError(f"{zip_path}: its {VAL_CAPTIONS} has sha256 {found[:12]}..., not the "
-                         f"official {val_sha256[:12]}...; check --annotations-url")
     write_manifest(folder, [Path(m).name for m in (TRAIN_CAPTIONS, VAL_CAPTIONS)])
 
 
-def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, val_sha256=None):
+def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, zip_size=None,
+                    zip_sha256=None):
     """COCO 2017 captions in root/annotations/: download once, verify, extract, keep.
     Skipped (no network) when root/annotations/MANIFEST.sha256 matches every file; a damaged
-    or missing file is named and the folder extracted again; a folder without a manifest
-    (unzipped by hand) is adopted if its captions_val2017.json is the official file. Otherwise
-    downloads url to root/annotations_trainval2017.zip (machinery.download.download), checks
-    it, extracts the two captions files into a fresh folder root/.annotations.tmp-<random>
-    and renames it to root/annotations (never half-extracted), then deletes the zip.
-    val_sha256: the expected sha256 of captions_val2017.json (None: VAL_CAPTIONS_SHA256).
-    Returns {"train": path, "val": path}. Raises ValueError (bad or other archive; the zip is
-    deleted so a rerun downloads it again) or OSError (network, disk), one line each."""
-    val_sha256 = val_sha256 or VAL_CAPTIONS_SHA256
+    or missing file is named and the folder extracted again (so is a folder without a
+    manifest: files unzipped by hand cannot be checked, the zip can). Otherwise downloads url
+    to root/annotations_trainval2017.zip (machinery.download.download: resumes a partial
+    .part, and a zip already there of the right size is not fetched again), checks it whole
+    (check_zip) BEFORE extracting anything, extracts the two captions files into a fresh
+    folder root/.annotations.tmp-<random> and renames it to root/annotations (never
+    half-extracted), then deletes the zip.
+    zip_size, zip_sha256: the expected zip (None: ANNOTATIONS_SIZE, ANNOTATIONS_SHA256).
+    Returns {"train": path, "val": path}. Raises ValueError (another or damaged zip: deleted,
+    nothing extracted, so a rerun downloads it again) or OSError (network, disk), one line."""
+    zip_size, zip_sha256 = zip_size or ANNOTATIONS_SIZE, zip_sha256 or ANNOTATIONS_SHA256
     root, final = Path(root), Path(root) / "annotations"
     paths = {"train": final / Path(TRAIN_CAPTIONS).name, "val": final / Path(VAL_CAPTIONS).name}
     for stale in root.glob(TMP_PREFIX + "*"):       # left by a killed run
@@ -116,20 +132,22 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, val_sha256=
         if not problems:
             print(f"{final}: complete ({MANIFEST} matches), skipped", flush=True)
             return paths
-        if problems == [f"no {MANIFEST}"] and paths["train"].is_file() \
-                and paths["val"].is_file() and sha256_file(paths["val"]) == val_sha256:
-            write_manifest(final, [paths["train"].name, paths["val"].name])
-            print(f"{final}: captions found (unzipped by hand), {MANIFEST} written", flush=True)
-            return paths
-        print(f"{final}: {'; '.join(problems)}; extracting the captions again", flush=True)
+        print(f"{final}: {'; '.join(problems)}; extracting the captions again from the "
+              f"checked zip", flush=True)
     root.mkdir(parents=True, exist_ok=True)
     zip_path = root / ANNOTATIONS_ZIP
     from . import download                           # lazily: only this step needs the network
-    download.download(url, zip_path, progress=progress)
+    download.download(url, zip_path, expected_size=zip_size, progress=progress)
+    try:
+        check_zip(zip_path, zip_size, zip_sha256)
+    except ValueError as err:
+        zip_path.unlink(missing_ok=True)
+        raise ValueError(f"{err}; deleted it, nothing extracted (rerun to download it "
+                         f"again)") from None
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
     try:
         try:
-            extract_captions(zip_path, tmp, val_sha256)
+            extract_captions(zip_path, tmp)
         except ValueError as err:
             zip_path.unlink(missing_ok=True)
             raise ValueError(f"{err}; deleted it, rerun `make data` to download it "
@@ -145,8 +163,8 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, val_sha256=
         for leftover in (tmp, tmp.with_name(tmp.name + "-old")):
             shutil.rmtree(leftover, ignore_errors=True)
     zip_path.unlink()
-    print(f"{final}: extracted and verified; deleted {zip_path} (~241 MB, no longer needed)",
-          flush=True)
+    print(f"{final}: extracted from {zip_path} (sha256 {zip_sha256[:12]}..., as published); "
+          f"deleted the zip", flush=True)
     return paths
 
 
@@ -249,12 +267,15 @@ def ensure_subset(captions_path, out_path, num_photos, seed, force=False):
 
 
 # ---------------------------------------------------------------- the images, and the command
-def fetch_subset_images(subset, images_dir, workers=8, progress=None):
-    """Download the subset file's photos into images_dir (photos.fetch_images).
+def fetch_subset_images(subset, images_dir, workers=8, progress=None, images_url=None,
+                        allow_http=False):
+    """Download the subset file's photos into images_dir (photos.fetch_images: over HTTPS
+    from images_url, None: photos.IMAGES_URL, unless allow_http).
     Raises OSError, one line naming the ids that failed and why, if any photo failed."""
     from . import photos                             # lazily: only this step needs the network
     records = read_json(subset, "COCO captions JSON")["images"]
-    result = photos.fetch_images(records, images_dir, workers=workers, progress=progress)
+    result = photos.fetch_images(records, images_dir, workers=workers, progress=progress,
+                                 images_url=images_url, allow_http=allow_http)
     failed = result["failed"]
     if failed:
         ids = sorted(failed)
@@ -266,16 +287,27 @@ def fetch_subset_images(subset, images_dir, workers=8, progress=None):
           f"already present", flush=True)
 
 
-def run_data(root, num_photos, seed, images, workers, annotations_url, force):
+def run_data(root, num_photos, seed, images, workers, annotations_url, force,
+             images_url=None, allow_http=False):
     """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
-    One process at a time per --root (files.DirLock)."""
+    An http:// --annotations-url or --images-url is refused before anything is written unless
+    allow_http, which is then repeated in one line. One process at a time per --root
+    (files.DirLock)."""
+    from .download import refuse_http
+    refuse_http("--annotations-url", annotations_url, allow_http)
+    refuse_http("--images-url", images_url, allow_http)
+    if allow_http:
+        print("--allow-http: plain http:// URLs are used as given (the zip is still checked "
+              f"against its published sha256 {ANNOTATIONS_SHA256[:12]}..., each photo against "
+              "its width x height)", flush=True)
     with DirLock(root):
         paths = get_annotations(root, annotations_url)
         subset = ensure_subset(paths["train"], subset_path(root, num_photos, seed),
                                num_photos, seed, force)
         made = [paths["train"], paths["val"], subset]
         if images:
-            fetch_subset_images(subset, root / "train2017", workers)
+            fetch_subset_images(subset, root / "train2017", workers, images_url=images_url,
+                                allow_http=allow_http)
             made.append(root / "train2017")
     print("ready: " + ", ".join(str(p) for p in made))
     print("next: `make embeddings` (the DINOv2 embeddings of the subset's photos, once), "

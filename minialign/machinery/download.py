@@ -1,8 +1,12 @@
-"""Fetching files over HTTP: resumable, verified, retried (standard library only).
+"""Fetching files over HTTPS: resumable, verified, retried (standard library only).
 
     download(url, dest)              one file: bytes go to dest + ".part", resumed with a Range
                                      request after a cut, checked (size, sha256), then renamed
+    refuse_http(flag, url, allow)    the commands' rule: no plain http:// URL without --allow-http
     (photos.fetch_images uses it for the subset's photos, many at a time)
+
+urllib checks an https:// server's certificate and host name against the system's CA
+certificates (ssl.create_default_context), so a failed check is an error, never a warning.
 
 A file at `dest` is always complete: a transfer writes only the ".part" file beside it, which is
 flushed to disk and renamed onto `dest` once its size and checksum match. A cut transfer keeps
@@ -14,6 +18,7 @@ that starts with the URL (or the image record) and says what to do.
 import http.client
 import os
 import re
+import ssl
 import sys
 import time
 import urllib.error
@@ -47,10 +52,19 @@ class _Transient(Exception):
 
 
 class _Fatal(Exception):
-    """A try that failed in a way a retry cannot fix (HTTP 4xx other than 429)."""
+    """A try that failed in a way a retry cannot fix (HTTP 4xx other than 429, a server
+    certificate that does not verify)."""
 
 
 # ---------------------------------------------------------------- one file
+def refuse_http(flag, url, allow_http):
+    """Raise ValueError naming the flag and the URL if url is plain http:// and not allow_http:
+    over HTTP anyone on the path can change the bytes unnoticed."""
+    if url and url.lower().startswith("http://") and not allow_http:
+        raise ValueError(f"{flag} {url}: plain HTTP refused (unauthenticated: the bytes can be "
+                         f"changed on the way); use an https:// URL, or pass --allow-http")
+
+
 def download(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
              timeout=60, progress=None):
     """Download `url` to `dest` (a path) and return dest as a Path.
@@ -88,14 +102,13 @@ def fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout, 
             reporter.note(f"{url}: {reason}; retry {attempt}/{retries} in {wait:.1f} s")
             time.sleep(wait)
         try:
-            content_type = _get(url, part, timeout, reporter)
+            content_type = _get(url, part, timeout, reporter, expected_size)
             break
         except _Transient as err:
             reason = str(err)
         except _Fatal as err:
-            raise DownloadError(f"{url}: cannot download ({err}); the server refuses this "
-                                f"request, check the URL (not retried)", url, attempt + 1,
-                                str(err)) from None
+            raise DownloadError(f"{url}: cannot download ({err}); check the URL (not "
+                                f"retried)", url, attempt + 1, str(err)) from None
     else:
         have = part.stat().st_size if part.is_file() else 0
         kept = (f"the partial file {part} ({have} bytes) is kept, rerun to resume" if have
@@ -126,9 +139,10 @@ def _mismatch(path, expected_size, expected_sha256):
     return None
 
 
-def _get(url, part, timeout, reporter):
+def _get(url, part, timeout, reporter, expected_size=None):
     """One GET of `url` that appends to `part` (resuming its bytes) and fsyncs it. Returns the
-    Content-Type. Raises _Transient (retry) or _Fatal (do not)."""
+    Content-Type. Raises _Transient (retry) or _Fatal (do not); a transfer that ends before
+    the server's length (or expected_size, when the server gives none) is a _Transient cut."""
     have = part.stat().st_size if part.is_file() else 0
     headers = {"User-Agent": USER_AGENT}
     if have:
@@ -142,10 +156,14 @@ def _get(url, part, timeout, reporter):
             if _content_range(err.headers.get("Content-Range"))[2] == have:
                 return None
             part.unlink()
-            return _get(url, part, timeout, reporter)   # start over (no Range: no second 416)
+            return _get(url, part, timeout, reporter, expected_size)  # start over, no Range
         reason = f"HTTP {err.code} {err.reason}"
         raise (_Transient if err.code >= 500 or err.code == 429 else _Fatal)(reason) from None
     except (OSError, http.client.HTTPException) as err:   # URLError is an OSError
+        cause = getattr(err, "reason", err)
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            raise _Fatal(f"the server's TLS certificate does not verify: "
+                         f"{cause.verify_message}") from None
         raise _Transient(_reason(err)) from None
     with response:
         if response.status == 206:
@@ -156,7 +174,7 @@ def _get(url, part, timeout, reporter):
         else:                                           # 200: the whole file (Range ignored)
             have = 0
             length = response.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
+            total = int(length) if length and length.isdigit() else expected_size
         received = have
         reporter.start(have, total)
         try:                                            # OSErrors here are the local disk's

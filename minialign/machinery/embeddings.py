@@ -3,8 +3,8 @@
 Format (see embeddings/README.md), read with np.load(path, allow_pickle=False):
     image_ids   (N,)          int64    COCO image ids, unique
     embeddings  (N, D_img)    float32  row i is the DINOv2 embedding of photo image_ids[i]
-    meta        ()            unicode  a JSON object: model, preprocessing, pooling, dtype,
-                                       count (= N), dim (= D_img), captions_sha256, ...
+    meta        ()            unicode  a JSON object: model, revision, preprocessing, pooling,
+                                       dtype, count (= N), dim (= D_img), captions_sha256, ...
 A file made by another tool with only image_ids (any integer dtype) and embeddings (float16,
 32 or 64) is read too, with a note on stderr: its meta is then NO_META (model unknown).
 Numpy only: this module never imports torch or transformers.
@@ -25,6 +25,7 @@ from .files import atomic_savez
 ARRAY_KEYS = ("image_ids", "embeddings", "meta")  # the three arrays of a file save_embeddings wrote
 REQUIRED_KEYS = ("image_ids", "embeddings")       # what a file from another tool must hold
 NO_META_MODEL = "unknown (no meta in file)"       # meta["model"] of a file without meta
+NO_REVISION = "revision not recorded"             # said of a file whose meta has no revision
 # meta keys the caller of save_embeddings must give; count, dim and dtype are filled in here
 CALLER_META_KEYS = ("model", "preprocessing", "pooling", "captions_sha256")
 META_KEYS = CALLER_META_KEYS + ("dtype", "count", "dim")  # meta keys every file must hold
@@ -162,7 +163,7 @@ def load_embeddings(path):
         meta = parse_meta(arrays["meta"], path)
     check_arrays(image_ids, embeddings, where=str(path))
     if "meta" not in arrays:                     # made by another tool: say what is unknown
-        meta = {"model": NO_META_MODEL, "preprocessing": None, "pooling": None,
+        meta = {"model": NO_META_MODEL, "revision": None, "preprocessing": None, "pooling": None,
                 "captions_sha256": None, "dtype": embeddings.dtype.name,
                 "count": int(embeddings.shape[0]), "dim": int(embeddings.shape[1])}
         print(f"note: {path}: has no meta entry (model, preprocessing unknown); using its "
@@ -179,6 +180,13 @@ def load_embeddings(path):
     image_ids.setflags(write=False)
     embeddings.setflags(write=False)
     return ImageEmbeddings(path=path, image_ids=image_ids, embeddings=embeddings, meta=meta)
+
+
+def model_label(model, revision):
+    """The model and the revision of its weights, for a log line or results.md:
+    "facebook/dinov2-base at revision f9e44c8...415" (in full), or "... (revision not
+    recorded)" for a file exported without one (another tool's, or an older export)."""
+    return f"{model} at revision {revision}" if revision else f"{model} ({NO_REVISION})"
 
 
 def join_on_ids(caption_image_ids, emb):

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
-                         sha256_file)
+                         model_label, sha256_file)
 from ..metrics import DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall
 from .monitor import text_metrics
 from .rundir import (caption_files, check_run_dir, load_caption_slots, read_metrics,
@@ -170,7 +170,9 @@ def evaluate_run(run_dir, emb, write=True, every_photo=False):
         except ValueError as err:
             raise ValueError(f"{run_dir}: {err}") from None
         result["embeddings"] = {"path": str(emb.path), "sha256": sha256_file(emb.path),
-                                "model": emb.meta["model"], "count": int(emb.meta["count"]),
+                                "model": emb.meta["model"],
+                                "revision": emb.meta.get("revision"),
+                                "count": int(emb.meta["count"]),
                                 "dim": int(emb.meta["dim"])}
     for step, by_split in files.items():
         entry = {"step": step}
@@ -330,9 +332,11 @@ def evaluate_runs(run_dirs, embeddings=None, as_json=False):
     if emb is not None:
         for result in results:
             print(f"{result['run']}: {describe_join(result['join'])}")
-        print(f"image embeddings {emb.path} (sha256 {results[0]['embeddings']['sha256'][:12]}"
-              f"...); test metrics are means over caption slots, R@1 after a Procrustes "
-              f"rotation fitted on the train photos; chance: mkNN@{K} = {K}/(N-1), R@1 = 1/N")
+        made_by = model_label(emb.meta["model"], emb.meta.get("revision"))
+        print(f"image embeddings {emb.path} ({made_by}, sha256 "
+              f"{results[0]['embeddings']['sha256'][:12]}...); test metrics are means over "
+              f"caption slots, R@1 after a Procrustes rotation fitted on the train photos; "
+              f"chance: mkNN@{K} = {K}/(N-1), R@1 = 1/N")
     print(format_table(rows, image=emb is not None))
     if note:
         print(note)

@@ -27,6 +27,10 @@ from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha
 from minialign.machinery.files import read_json
 
 DEFAULT_MODEL = "facebook/dinov2-base"  # ViT-B/14 with D_img = 768 (Oquab et al. 2023)
+# The commit of DEFAULT_MODEL's Hub repository that is loaded and recorded (its 2023-07-18
+# release, 86.6M parameters, as public projects pin it): a later push to the repository cannot
+# change the embeddings silently. --revision picks another.
+DEFAULT_REVISION = "f9e44c814b77203eaa57a6bdbbd535f21ede1415"
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"
 WHITE = (255, 255, 255)                 # background behind transparent pixels
 ALPHA_MODES = ("RGBA", "LA", "PA")      # Pillow modes with an alpha band
@@ -151,19 +155,27 @@ def require_export_deps():
     return torch, transformers
 
 
-def load_pretrained(transformers, model_name, model=None, processor=None):
-    """(model, processor): those given, else Dinov2Model / AutoImageProcessor.from_pretrained.
+def load_pretrained(transformers, model_name, revision=DEFAULT_REVISION, model=None,
+                    processor=None):
+    """(model, processor): those given, else Dinov2Model / AutoImageProcessor.from_pretrained
+    at `revision` (a commit of the Hub repository), safetensors weights only (never a pickled
+    .bin, which can run code when loaded) and no code from the repository.
     model_name: a Hugging Face Hub name (downloaded on first use, then cached) or a local
-    folder. Raises FileNotFoundError naming it, chained to from_pretrained's OSError (no
-    internet, unknown name, missing folder), so the command line prints one clear line."""
+    folder (read as it is: transformers ignores revision there, see export_embeddings).
+    Raises FileNotFoundError naming it, chained to from_pretrained's OSError (no internet,
+    unknown name or revision, missing folder, no safetensors file), so the command line
+    prints one clear line."""
+    pinned = {"revision": revision, "trust_remote_code": False}
     try:
         if model is None:
-            model = transformers.Dinov2Model.from_pretrained(model_name)
+            model = transformers.Dinov2Model.from_pretrained(model_name, use_safetensors=True,
+                                                             **pinned)
         if processor is None:
-            processor = transformers.AutoImageProcessor.from_pretrained(model_name)
+            processor = transformers.AutoImageProcessor.from_pretrained(model_name, **pinned)
     except OSError as err:
         raise FileNotFoundError(
-            f"cannot load the model {model_name!r}: {err}\nA Hub name such as {DEFAULT_MODEL} "
+            f"cannot load the model {model_name!r} at revision {revision}: {err}\nA Hub name "
+            f"such as {DEFAULT_MODEL} "
             f"is downloaded from the Hugging Face Hub on first use (internet needed once, "
             f"~350 MB), then read from the local cache; without internet, pass a local folder "
             f"holding the model and its preprocessor_config.json with --model") from err
@@ -198,10 +210,12 @@ def plain_progress_line(desc, done, total, seconds):
 
 def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MODEL,
                       batch_size=32, device="cpu", num_photos=None, seed=0, model=None,
-                      processor=None, force=False, progress=None):
+                      processor=None, force=False, progress=None, revision=DEFAULT_REVISION):
     """Embed every captioned photo of a COCO captions JSON with a frozen DINOv2 and write
     out_path (format: minialign/embeddings.py) via save_embeddings.
     captions_path: COCO captions JSON; images_dir: folder holding its `file_name`s.
+    revision: the commit of model_name's Hub repository to load (load_pretrained), recorded
+    as meta["revision"]; for a local folder it cannot be checked, and a note says so.
     num_photos, seed: optional subset (choose_photos). model, processor: a Dinov2Model and
     an image processor to use instead of loading from_pretrained(model_name). progress: True
     for a tqdm bar on stderr, False for plain lines on stderr (plain_progress_line, about one
@@ -219,7 +233,10 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
     photos = choose_photos(read_captioned_photos(captions_path), num_photos, seed)
     paths = find_image_files(photos, images_dir)
     torch, transformers = require_export_deps()
-    model, processor = load_pretrained(transformers, model_name, model, processor)
+    if model is None and Path(model_name).is_dir():
+        print(f"note: --model {model_name} is a local folder, read as it is; recording "
+              f"--revision {revision} as given (transformers cannot check it)", file=sys.stderr)
+    model, processor = load_pretrained(transformers, model_name, revision, model, processor)
     if not isinstance(model, transformers.Dinov2Model):
         raise TypeError(f"model must be a transformers Dinov2Model, got {type(model).__name__}")
     model = model.to(device).eval()
@@ -237,7 +254,7 @@ def export_embeddings(captions_path, images_dir, out_path, model_name=DEFAULT_MO
                       file=sys.stderr, flush=True)
     embeddings = np.concatenate(rows)                                     # (N, D_img)
     config = model.config.to_dict()
-    meta = {"model": model_name,
+    meta = {"model": model_name, "revision": revision,
             "model_config": {k: json_safe(config[k]) for k in MODEL_CONFIG_KEYS if k in config},
             "model_dtype": str(next(model.parameters()).dtype),
             "preprocessing": preprocessing_meta(processor),
@@ -258,6 +275,7 @@ def run_export(captions, images, out, **options):
     the file's shape and its sha256 line (the same line `sha256sum` prints). Returns 0."""
     emb = export_embeddings(captions, images, out, **options)
     print(f"wrote {emb.path}: {emb.meta['count']} photos x {emb.meta['dim']} "
-          f"{emb.meta['dtype']}, {emb.meta['pooling']}")
+          f"{emb.meta['dtype']}, {emb.meta['model']} at revision {emb.meta['revision']}, "
+          f"{emb.meta['pooling']}")
     print(f"{sha256_file(emb.path)}  {emb.path}")
     return 0

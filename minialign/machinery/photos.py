@@ -1,12 +1,17 @@
 """The subset's photos from their coco_url: many at a time, each verified, resumable.
 
     fetch_images(records, out_dir)   COCO image records -> out_dir/file_name, `workers` downloads
-                                     at a time (download.fetch: resumed, retried, atomic), each
-                                     decoded with Pillow and checked against width x height
+                                     at a time (download.fetch: resumed, retried, atomic) over
+                                     HTTPS (photo_url), each checked against width x height,
+                                     then decoded with Pillow
 
-A photo that cannot be fetched or does not verify is deleted and reported by its image id; a
-rerun verifies what is present (or trusts out_dir/.verified.tsv for files of unchanged size) and
-fetches only the rest.
+The photos come from the internet, so decoding them is guarded: Pillow's decompression-bomb
+check stays on (Image.MAX_IMAGE_PIXELS is never changed here: a header claiming more than twice
+that many pixels is refused by Image.open), and the header's size must be the record's width x
+height BEFORE any pixel is decoded. A photo that does not verify is deleted and fetched once
+more; one that fails again, or cannot be fetched, is reported by its image id. A rerun verifies
+what is present (or trusts out_dir/.verified.tsv for files of unchanged size) and fetches only
+the rest.
 """
 import sys
 import threading
@@ -22,14 +27,34 @@ from .files import append_line
 
 MANIFEST = ".verified.tsv"            # out_dir/MANIFEST: "file_name<TAB>bytes" of verified images
 RECORD_KEYS = ("id", "file_name", "coco_url", "width", "height")  # of a COCO "images" entry
+# COCO's JSON gives each photo an http:// coco_url on COCO's own host; photos are fetched from
+# IMAGES_URL + the rest of it instead (--images-url: e.g. the S3 alias of the same bucket)
+COCO_IMAGE_HOSTS = ("http://images.cocodataset.org/", "https://images.cocodataset.org/")
+IMAGES_URL = "https://images.cocodataset.org/"
+FETCHES = 2                           # a photo that does not verify is fetched once more
 
 
-def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60, progress=None):
+def photo_url(coco_url, images_url=None, allow_http=False):
+    """Where a photo is fetched from: a coco_url on COCO's host becomes images_url (None:
+    IMAGES_URL) + the rest of it, http://images.cocodataset.org/train2017/x.jpg ->
+    https://images.cocodataset.org/train2017/x.jpg; any other http:// URL becomes https://,
+    unless allow_http (then it is used as written)."""
+    for host in COCO_IMAGE_HOSTS:
+        if coco_url.startswith(host):
+            return (images_url or IMAGES_URL) + coco_url[len(host):]
+    if coco_url.lower().startswith("http://") and not allow_http:
+        return "https://" + coco_url[len("http://"):]
+    return coco_url
+
+
+def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60, progress=None,
+                 images_url=None, allow_http=False):
     """Download COCO images to out_dir/file_name, `workers` at a time, and verify each one.
 
-    records: COCO "images" entries, dicts with id, file_name, coco_url, width, height (pixels).
-    An image passes if Pillow decodes it fully and its size is (width, height); one that fails
-    is deleted and reported. Images already in out_dir are verified instead of downloaded, and
+    records: COCO "images" entries, dicts with id, file_name, coco_url, width, height (pixels);
+    each is fetched from photo_url(coco_url, images_url, allow_http). An image passes if its
+    size is (width, height) and Pillow decodes it fully; one that fails is deleted and fetched
+    once more, then reported. Images already in out_dir are verified instead of downloaded, and
     recorded in out_dir/.verified.tsv ("file_name<TAB>bytes") as they pass, so that a rerun
     does not decode them again while their size is unchanged. Downloads use download() (resumed,
     atomic); retries, backoff and timeout are its. progress: a tqdm bar over images (True),
@@ -48,7 +73,8 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
     t0 = time.perf_counter()
 
     def one(record):
-        return _fetch_one(record, out_dir, verified, (retries, backoff, timeout), counter)
+        url = photo_url(record["coco_url"], images_url, allow_http)
+        return _fetch_one(record, url, out_dir, verified, (retries, backoff, timeout), counter)
 
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
@@ -79,9 +105,10 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
     return result
 
 
-def _fetch_one(record, out_dir, verified, options, counter):
-    """One image: verify the file if present, else download and verify it. Returns ("fetched"
-    | "already_present", a manifest line or None) or ("failed", reason)."""
+def _fetch_one(record, url, out_dir, verified, options, counter):
+    """One image: verify the file if present, else download it from url and verify it, twice
+    at most (FETCHES). Returns ("fetched" | "already_present", a manifest line or None) or
+    ("failed", reason); a refused photo's reason starts with its id."""
     path = out_dir / record["file_name"]
     width, height = record["width"], record["height"]
     if path.is_file():
@@ -92,31 +119,32 @@ def _fetch_one(record, out_dir, verified, options, counter):
             return "already_present", f"{path.name}\t{size}"
         path.unlink()                                   # damaged: download it again
     retries, backoff, timeout = options
-    try:
-        _, content_type, _ = fetch(record["coco_url"], path, None, None, retries, backoff,
-                                   timeout, counter)
-    except (DownloadError, ValueError) as err:
-        return "failed", str(err)
-    problem = _check_image(path, width, height, content_type)
-    if problem is not None:
+    for _ in range(FETCHES):
+        try:
+            _, content_type, _ = fetch(url, path, None, None, retries, backoff, timeout, counter)
+        except (DownloadError, ValueError) as err:
+            return "failed", str(err)
+        problem = _check_image(path, width, height, content_type)
+        if problem is None:
+            return "fetched", f"{path.name}\t{path.stat().st_size}"
         path.unlink()
-        return "failed", problem
-    return "fetched", f"{path.name}\t{path.stat().st_size}"
+    return "failed", f"photo {record['id']}: {problem}; refused ({FETCHES} fetches)"
 
 
 def _check_image(path, width, height, content_type):
-    """None if Pillow decodes the whole image at `path` and its size is width x height, else
-    the reason ("not an image: the server sent text/html", "size 640x480, expected 500x375")."""
+    """None if the image at `path` is width x height and Pillow decodes all of it, else the
+    reason ("not an image: the server sent text/html", "size 640x480, expected 500x375").
+    The size comes from the header, checked before any pixel is decoded; Image.open itself
+    refuses a header beyond the decompression-bomb limit (DecompressionBombError)."""
     try:
         with Image.open(path) as image:
+            if image.size != (width, height):
+                return f"size {image.size[0]}x{image.size[1]}, expected {width}x{height}"
             image.load()
-            size = image.size
     except Exception as err:                            # Pillow raises many types on bad bytes
         if content_type and not content_type.startswith("image/"):
             return f"not an image: the server sent {content_type}"
         return f"not a readable image ({type(err).__name__}: {err})"
-    if size != (width, height):
-        return f"size {size[0]}x{size[1]}, expected {width}x{height}"
     return None
 
 

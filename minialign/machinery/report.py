@@ -24,6 +24,7 @@ from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
 from .protocol import load_protocol, lr_search, run_config, run_name, selection_score
 from .rundir import is_diverged, read_metrics, read_run_config
 from .baselines import load_baselines
+from .embeddings import model_label
 from .speed import mean_std, speed_summary
 
 # The replication's published test numbers (3 seeds, shared lr; and with a per-method lr search)
@@ -61,7 +62,8 @@ def run_numbers(run_dir):
     if alignment:
         test = alignment["steps"][-1]["test"]
         out["test"].update({key: test[key]["mean"] for key in IMAGE_KEYS})
-        out["embeddings_model"] = alignment["embeddings"]["model"]
+        out["embeddings_model"] = model_label(alignment["embeddings"]["model"],
+                                              alignment["embeddings"].get("revision"))
         out["embeddings_file"] = {k: alignment["embeddings"][k] for k in ("path", "sha256")}
         out["chance"].update({key: alignment["chance"]["test"][key] for key in IMAGE_KEYS})
         by_step = {e["step"]: e["val"]["mutual_knn"]["mean"] for e in alignment["steps"]}
@@ -199,6 +201,8 @@ def format_markdown(results):
         pend = "pending" if not image and search["chosen"] else None
         lines.append(f"| {name} | {pend or fmt(test.get('mutual_knn'))} | | {pub} | "
                      f"{pend or fmt(test.get('R@1'))} | | | {fmt(test.get(TEXT_KEY))} |")
+    if image:
+        lines += ["", f"Image embeddings: {', '.join(results['embeddings_models'])}."]
     if other_images:
         lines += ["", f"The published column (the COCO replication's numbers, DINOv2 image "
                       f"embeddings) is left blank: these runs were scored against "
