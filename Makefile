@@ -51,9 +51,8 @@ train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME
 bench:
 	$(PY) -m minialign bench
 
-TORCH_PAIR ?= ../shared/bench/torch_pair.py
-bench-torch:        ## minialign vs PyTorch eager on the same batch, A B A B (needs torch_pair.py)
-	$(PY) -m minialign.machinery.bench_torch --torch-pair $(TORCH_PAIR) --pairs 3 --max-len 16
+bench-torch:        ## minialign vs PyTorch eager (benchmarks/torch_step.py) on the same batch, A B A B; needs the [bench] extra
+	$(PY) -m minialign.machinery.bench_torch --pairs 3 --max-len 16
 
 # ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,19 +140,20 @@ def test_use_cores_sets_numpy_blas_threads_and_refuses_zero():
 
 
 # ---------------------------------------------------------------- bench_torch
-def test_pairs_without_torch_pair_say_what_to_pass(capsys):
-    assert bench_torch.main(["--pairs", "1"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("minialign bench_torch: error: pass --torch-pair PATH/TO/torch_pair.py")
-    assert "\n" not in err
-
-
-def test_pairs_refuse_what_torch_pair_cannot_time(tmp_path):
-    args = bench_torch.parser().parse_args(["--torch-pair", str(tmp_path / "nope.py")])
+def test_pairs_default_to_the_repository_torch_step():
+    args = bench_torch.parser().parse_args([])
     cfg = bench_torch.config_from_args(args, bench_torch.TrainConfig())
-    with pytest.raises(FileNotFoundError, match="--torch-pair .*nope.py: no such file"):
+    bench_torch.check_pair_args(args, cfg)
+    assert Path(args.torch_step) == Path(__file__).resolve().parents[1] / "benchmarks" / "torch_step.py"
+    assert "shared" not in bench_torch.parser().format_help()       # no path outside the repository
+
+
+def test_pairs_refuse_what_torch_step_cannot_time(tmp_path):
+    args = bench_torch.parser().parse_args(["--torch-step", str(tmp_path / "nope.py")])
+    cfg = bench_torch.config_from_args(args, bench_torch.TrainConfig())
+    with pytest.raises(FileNotFoundError, match="--torch-step .*nope.py: no such file"):
         bench_torch.check_pair_args(args, cfg)
-    args.torch_pair = str(tiny_coco(tmp_path / "torch_pair.py"))         # any existing file
+    args.torch_step = str(tiny_coco(tmp_path / "torch_step.py"))         # any existing file
     small = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, d_model=128))
     with pytest.raises(ValueError, match="--d-model 128: torch_step.py's model has d_model = 256"):
         bench_torch.check_pair_args(args, small)
@@ -160,7 +162,7 @@ def test_pairs_refuse_what_torch_pair_cannot_time(tmp_path):
 
 
 def test_pair_children_time_the_same_saved_batch(tmp_path):
-    args = bench_torch.parser().parse_args(["--torch-pair", "pair.py", "--threads", "1"])
+    args = bench_torch.parser().parse_args(["--torch-step", "step.py", "--threads", "1"])
     cfg = dataclasses.replace(bench_torch.config_from_args(args, bench_torch.TrainConfig()),
                               model=dataclasses.replace(TINY, vocab_size=5814))
     ours, theirs = bench_torch.side_argvs("next_token", args, cfg, tmp_path / "b.npy")
@@ -186,8 +188,8 @@ def test_pair_child_times_the_saved_batch(tmp_path, capsys):
 
 
 def test_pair_child_failure_is_one_line_naming_it():
-    with pytest.raises(ValueError, match=r"the torch_pair.py views process failed \(exit code 3\)"):
+    with pytest.raises(ValueError, match=r"the torch_step.py views process failed \(exit code 3\)"):
         bench_torch.run_json([sys.executable, "-c", "import sys; sys.exit(3)"],
-                             "torch_pair.py views")
+                             "torch_step.py views")
     assert bench_torch.run_json([sys.executable, "-c", "print('x'); print('{\"a\": 1}')"],
                                 "child") == {"a": 1}

@@ -1,36 +1,30 @@
 """minialign's training step side by side with PyTorch CPU eager on the same batch.
 
-The PyTorch side is `torch_pair.py` (with torch_step.py beside it, in ../shared/bench/ next to
-the checkout): a plain PyTorch implementation of the same model and step, not part of
-minialign and never imported by it; it runs in its own process, with its own interpreter
-(--torch-python) where torch is installed.
+The PyTorch side is benchmarks/torch_step.py in this repository: a plain PyTorch eager
+implementation of the same model and step, not part of the package and never imported by it;
+it runs in its own process, with its own interpreter (--torch-python) where torch is installed
+(the optional [bench] extra).
 
-    python -m minialign.machinery.bench_torch --torch-pair ../shared/bench/torch_pair.py
+    python -m minialign.machinery.bench_torch [--torch-step benchmarks/torch_step.py]
         [--pairs 3] [--threads 2] [--max-len 16 | --fixed-length 16] [--objective good_views]
 
-For each objective (good_views -> torch_pair --kind views; next_token -> --kind ntp --head
-valid, the head on the rows that have a target, as minialign's):
+For each objective (good_views -> torch_step.py --kind views; next_token -> --kind ntp, the
+head on the rows that have a target, as minialign's):
   1. draw the batch `bench` times (bench.bench_batch: a real COCO batch, captions truncated to
      --max-len tokens, or --fixed-length T random word ids), save its encoded (2B, T) ids,
      PAD = 0, caption a | caption b, to DIR/OBJECTIVE.npy;
   2. alternate A B A B, --pairs times: a minialign child (this module with --child: times
      train.train_step on exactly that batch and replays its GEMMs, bench.measure) and a torch
-     child (torch_pair.py --tokens DIR/OBJECTIVE.npy), each with --threads threads;
+     child (torch_step.py --tokens DIR/OBJECTIVE.npy), each with --threads threads;
   3. print each pair's ms/step, the median ratio minialign / torch over the pairs and its
      range, and the median non-GEMM share of minialign's step.
 These machines are noisy (shared cores): only a ratio measured side by side means something.
 
-What differs between the two steps (same sizes L=4, D=256, H=4, F=1024, 512 captions, float32,
-VICReg weights 25/25/1, AdamW):
-  GELU          minialign: tanh approximation; torch: exact (erf) GELU.
-  next-token    minialign: tied head, logits = hf tok_emb^T, no bias; torch: an untied
-  head          nn.Linear(D, V) with bias: the same three (n_t x D x V) products, plus a
-                bias gradient and V (D + 1) more parameters in AdamW.
-  layout        minialign packs the real tokens and runs attention per length group; torch
-                runs every layer on the padded (512, T) grid (the padding costs it time).
-  next_token's  minialign: variance + covariance of each half (the two captions of a photo)
-  VICReg        apart; torch: of all 512 embeddings at once (one 512-row covariance).
-  update        minialign clips the global gradient norm before AdamW; torch does not.
+The two steps compute the same loss from the same weights (tests/test_torch_step.py checks it
+to float32 rounding): same sizes L=4, D=256, H=4, F=1024, 512 captions, float32, tanh GELU,
+tied next-token head, VICReg 25/25/1 per half, gradient clipping at 1, AdamW. What differs is
+how: minialign packs the real tokens and runs attention per length group, torch runs every
+layer on the padded (512, T) grid (the padding costs it time) in its own fused kernels.
 """
 import argparse
 import dataclasses
@@ -50,7 +44,8 @@ from . import bench
 from .flags import add_config_flags, config_from_args, nonnegative_int, positive_int
 from .machine import OPENBLAS_ENV, keep_freed_memory, use_cores
 
-DEFAULT_TORCH_PAIR = Path(__file__).resolve().parents[3] / "shared" / "bench" / "torch_pair.py"
+# in a clone (or an editable install): <repo>/benchmarks/torch_step.py
+TORCH_STEP = Path(__file__).resolve().parents[2] / "benchmarks" / "torch_step.py"
 KINDS = {"good_views": ["--kind", "views"], "next_token": ["--kind", "ntp", "--head", "valid"]}
 TORCH_MODEL = {"d_model": 256, "n_layers": 4, "n_heads": 4, "mlp_ratio": 4}  # torch_step.py's
 TORCH_CAPTIONS = 512   # torch_step.B: its VICReg splits the batch at row 256
@@ -86,13 +81,14 @@ def run_json(argv, what):
 # ---------------------------------------------------------------- the pairs (parent)
 def check_pair_args(args, cfg):
     """Raises ValueError / FileNotFoundError, one line naming the flag, for a comparison
-    torch_pair.py cannot make."""
-    if args.torch_pair is None:
-        found = f" (found at {DEFAULT_TORCH_PAIR})" if DEFAULT_TORCH_PAIR.is_file() else ""
-        raise ValueError("pass --torch-pair PATH/TO/torch_pair.py, the PyTorch reference kept "
-                         f"beside the checkout in ../shared/bench/{found}; see its README.md")
-    if not Path(args.torch_pair).is_file():
-        raise FileNotFoundError(f"--torch-pair {args.torch_pair}: no such file")
+    torch_step.py cannot make."""
+    if args.torch_step is None:
+        if not TORCH_STEP.is_file():
+            raise FileNotFoundError("benchmarks/torch_step.py is not beside this installed "
+                                    "package: run from a clone, or pass --torch-step PATH")
+        args.torch_step = str(TORCH_STEP)
+    if not Path(args.torch_step).is_file():
+        raise FileNotFoundError(f"--torch-step {args.torch_step}: no such file")
     for name, value in TORCH_MODEL.items():
         if getattr(cfg.model, name) != value:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg.model, name)}: "
@@ -110,7 +106,7 @@ def side_argvs(name, args, cfg, path):
             "--tokens", str(path), "--vocab-size", str(cfg.model.vocab_size),
             "--seed", str(cfg.seed), "--max-len", str(cfg.model.max_len),
             "--timed-steps", str(args.timed_steps), *steps, *threads]
-    theirs = [args.torch_python, str(Path(args.torch_pair).resolve()), *KINDS[name],
+    theirs = [args.torch_python, str(Path(args.torch_step).resolve()), *KINDS[name],
               "--tokens", str(path), "--V", str(cfg.model.vocab_size),
               "--steps", str(args.timed_steps), *steps, *threads]
     return ours, theirs
@@ -126,10 +122,10 @@ def pair_objective(name, args, cfg, folder):
     pairs = []
     for i in range(args.pairs):
         m = run_json(ours, f"minialign {name}")
-        t = run_json(theirs, f"torch_pair.py {KINDS[name][1]} (torch must import in "
-                             f"--torch-python {args.torch_python})")
+        t = run_json(theirs, f"torch_step.py {KINDS[name][1]} (torch must import in "
+                             f"--torch-python {args.torch_python}: pip install -e '.[bench]')")
         if (t["T"], t["real_tokens"]) != (m["T"], m["real_tokens"]):
-            raise ValueError(f"torch_pair.py timed another batch: T={t['T']}, "
+            raise ValueError(f"torch_step.py timed another batch: T={t['T']}, "
                              f"{t['real_tokens']} real tokens, not {m['T']}, {m['real_tokens']}")
         pairs.append((m, t))
         print(f"  {name} pair {i + 1}: minialign {m['ms_per_step']:.0f} ms/step (non-GEMM "
@@ -147,7 +143,7 @@ def pair_objective(name, args, cfg, folder):
 
 
 def run_pairs(args, cfg):
-    """Each objective of args.objective, paired A B A B with torch_pair.py (module docstring).
+    """Each objective of args.objective, paired A B A B with torch_step.py (module docstring).
     args: this module's parser's options; cfg: the TrainConfig of its flags.
     Returns the list of pair_objective summaries, also printed (--json: one line each)."""
     check_pair_args(args, cfg)
@@ -158,7 +154,7 @@ def run_pairs(args, cfg):
     data = (f"{bench.FIXED_CAPTIONS} captions of exactly {args.fixed_length} random word ids"
             if args.fixed_length else f"COCO batch of {args.captions}, captions truncated "
             f"to {cfg.model.max_len} tokens")
-    print(f"minialign vs PyTorch eager ({args.torch_pair}): {data}; {args.pairs} pairs A B of "
+    print(f"minialign vs PyTorch eager ({args.torch_step}): {data}; {args.pairs} pairs A B of "
           f"{args.warmup} warm-up + {args.timed_steps} timed steps, {args.threads or THREADS} "
           f"threads each; OPENBLAS_* set: {env}", flush=True)
     results = []
@@ -179,8 +175,9 @@ def run_pairs(args, cfg):
 
 def add_pair_args(p):
     """The options `bench` has not: what to pair with, how often."""
-    p.add_argument("--torch-pair", default=None, metavar="PATH",
-                   help=f"torch_pair.py of the PyTorch reference (e.g. {DEFAULT_TORCH_PAIR})")
+    p.add_argument("--torch-step", "--torch-pair", default=None, metavar="PATH",
+                   help="the PyTorch step to pair with (default: the repository's "
+                        "benchmarks/torch_step.py)")
     p.add_argument("--pairs", type=positive_int, default=PAIRS,
                    help="A B pairs (minialign child, torch child) per objective, >= 1")
     p.add_argument("--torch-python", default=sys.executable, metavar="PYTHON",
