@@ -23,7 +23,7 @@ STEPS, EVAL_EVERY = 8, 3
 def world(tmp_path_factory):
     """The captions file, and one uninterrupted bad_views run to compare against."""
     root = tmp_path_factory.mktemp("world")
-    captions, _ = synthetic.write_world(root, n_scenes=300, seed=0)
+    captions, _ = synthetic.write_world(root, n_scenes=300, seed=0, world="v1")
     cfg = config(captions)
     train.train(cfg, root / "whole", progress=False)
     return {"captions": captions, "whole": root / "whole"}

@@ -29,7 +29,7 @@ OBJECTIVES = ("good_views", "next_token")
 def world(tmp_path_factory):
     """{"captions", "embeddings", "runs": {objective: run dir}}, never written to by tests."""
     root = tmp_path_factory.mktemp("world")
-    captions, embeddings = synthetic.write_world(root, n_scenes=N_SCENES, seed=0)
+    captions, embeddings = synthetic.write_world(root, n_scenes=N_SCENES, seed=0, world="v1")
     runs = {}
     for objective in OBJECTIVES:
         cfg = train.TrainConfig(objective=objective, captions=captions, steps=STEPS,
@@ -251,7 +251,7 @@ def test_embeddings_of_other_photos_are_an_error(world, tmp_path):
 def test_embeddings_of_another_captions_file_are_one_line_naming_both(world, tmp_path):
     """A run trained on one world, scored against the embeddings of another (issue #9)."""
     run = copy_run(world, "good_views", tmp_path)
-    _, other = synthetic.write_world(tmp_path / "other", n_scenes=N_SCENES, seed=1)
+    _, other = synthetic.write_world(tmp_path / "other", n_scenes=N_SCENES, seed=1, world="v1")
     with pytest.raises(ValueError) as err:
         cli("--run", run, "--embeddings", other)
     made = load_embeddings(other).meta["captions_sha256"][:12]

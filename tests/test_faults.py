@@ -102,7 +102,7 @@ class Injector:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    captions, _ = synthetic.write_world(root, n_scenes=120, seed=0)
+    captions, _ = synthetic.write_world(root, n_scenes=120, seed=0, world="v1")
     return {"captions": captions, "root": root}
 
 

@@ -29,7 +29,7 @@ OUTPUTS = ("results.md", "results.json") + report.FIGURES
 def text_only(tmp_path_factory):
     """A grid directory trained without image evaluation, and the world's embeddings path."""
     root = tmp_path_factory.mktemp("report")
-    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0, world="v1")
     base = train.TrainConfig(captions=str(captions), steps=6, batch_photos=16, eval_every=3,
                              warmup_steps=2, lr=1e-3, model=TINY)
     protocol = Protocol(base=base, objectives=("good_views", "next_token"),

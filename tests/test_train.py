@@ -19,7 +19,7 @@ def losses(run):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    captions, _ = write_world(tmp_path_factory.mktemp("world"), n_scenes=200, seed=0)
+    captions, _ = write_world(tmp_path_factory.mktemp("world"), n_scenes=200, seed=0, world="v1")
     return captions
 
 
@@ -80,7 +80,7 @@ def few_captions_world(tmp_path_factory):
     """The 200-scene synthetic world cut to 2 captions per photo (odd image ids: 3), and the
     first caption of every photo whose id is a multiple of 3 ending in "near the dog's bed"."""
     root = tmp_path_factory.mktemp("few")
-    captions, embeddings = write_world(root, n_scenes=200, seed=0)
+    captions, embeddings = write_world(root, n_scenes=200, seed=0, world="v1")
     doc = json.loads(open(captions).read())
     kept, seen = [], {}
     for a in sorted(doc["annotations"], key=lambda a: a["id"]):
