@@ -116,7 +116,7 @@ demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr se
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign replicate \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
-	    --steps 500 --batch-photos 64 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 \
+	    --steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 \
 	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4 \
 	    --anticollapse $(ANTICOLLAPSE)
 

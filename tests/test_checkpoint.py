@@ -98,7 +98,7 @@ def test_resumed_during_final_evaluation(world, tmp_path):
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
     evals = json.loads((run / "metrics.json").read_text())["evals"]
-    assert [e["step"] for e in evals] == [3, 6, 8]
+    assert [e["step"] for e in evals] == [0, 3, 6, 8]
 
 
 def test_finished_run_is_skipped(world, tmp_path, capsys):

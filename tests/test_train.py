@@ -107,7 +107,8 @@ def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, 
     cfg = TrainConfig(objective="good_views", captions=str(path), steps=4, batch_photos=16,
                       warmup_steps=1, eval_every=2, model=SMALL)
     metrics = train(cfg, tmp_path / "run", progress=False)
-    assert [e["step"] for e in metrics["evals"]] == [2, 4]
+    assert [e["step"] for e in metrics["evals"]] == [0, 2, 4]   # 0: the untrained encoder
+    assert (tmp_path / "run" / "captions" / "val_step00000.npz").is_file()
     for entry in metrics["evals"]:
         for split in set(entry) - {"step"}:
             assert entry[split]["caption_slots"] == 3
