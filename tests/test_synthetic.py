@@ -342,3 +342,27 @@ def test_world_version_is_recorded_and_read_back(tmp_path):
     assert world_of({"info": {}}) == "v1"                 # files from before #22
     with pytest.raises(ValueError, match="unknown world"):
         make_world(5, np.random.default_rng(0), world="v3")
+
+
+def test_synthetic_stats_command(tmp_path, capsys):
+    """`synthetic --stats` prints the world's four statistics beside COCO's (recorded, or
+    measured from --compare) and whether they are within the bands; without --out it writes
+    nothing."""
+    from minialign.machinery import caption_stats, cli
+    assert cli.main(["synthetic", "--stats", "--n-scenes", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "| statistic | COCO val2017 (recorded) | world v2, 300 scenes, seed 0 |" in out
+    assert "| content words per caption | 5.800 |" in out and "within the bands" in out
+    reference, _ = write_world(tmp_path / "reference", n_scenes=100, seed=1, world="v1")
+    assert cli.main(["synthetic", "--out", str(tmp_path / "w"), "--world", "v1", "--n-scenes",
+                     "100", "--stats", "--compare", reference]) == 0
+    out = capsys.readouterr().out
+    stats = caption_stats.statistics_of_file(tmp_path / "w" / CAPTIONS_NAME)
+    assert f"| {caption_stats.LABELS['coverage']} | " in out and f"{stats['coverage']:.3f} |" in out
+    assert f"{reference} | world v1, 100 scenes, seed 0 |" in out
+    assert "outside the bands: random_jaccard" in out                    # v1 overlaps: 0.1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reference", "w"]
+    assert cli.main(["synthetic"]) == 2
+    assert "--out is required (or --stats" in capsys.readouterr().err
+    assert cli.main(["synthetic", "--out", str(tmp_path / "x"), "--compare", reference]) == 2
+    assert "--compare: only with --stats" in capsys.readouterr().err

@@ -15,12 +15,14 @@ and coverage statistics:
                         over captions: how partial one caption is as a view of the photo
 
 Captions are read as training reads them (monitor.load_coco_captions: cleaned, repeats within
-a photo dropped, photos with >= 2 captions). Numpy only, beside that loader.
+a photo dropped, photos with >= 2 captions); numpy and that loader only.
 """
 import itertools
 import re
 
 import numpy as np
+
+from .monitor import load_coco_captions
 
 STOP_WORDS = frozenset(
     "a an the of on in with and is are to at there this it its his her their that some near "
@@ -69,7 +71,8 @@ def caption_statistics(photos):
     flat = [(p, c) for p, s in enumerate(sets) for c in s]              # (photo, word set)
     rng = np.random.default_rng(RANDOM_PAIRS_SEED)
     pairs = rng.integers(len(flat), size=(RANDOM_PAIRS, 2))              # (RANDOM_PAIRS, 2)
-    random = [jaccard(flat[i][1], flat[j][1]) for i, j in pairs.tolist() if flat[i][0] != flat[j][0]]
+    random = [jaccard(flat[i][1], flat[j][1]) for i, j in pairs.tolist()
+              if flat[i][0] != flat[j][0]]                             # two different photos
     return {"words_per_caption": float(np.mean([len(w) for ws in words for w in ws])),
             "same_photo_jaccard": float(np.mean(same)),
             "random_jaccard": float(np.mean(random)), "coverage": float(np.mean(coverage))}
@@ -77,7 +80,6 @@ def caption_statistics(photos):
 
 def statistics_of_file(path):
     """caption_statistics of a COCO captions json, read as training reads it."""
-    from .monitor import load_coco_captions      # the one loader; imported here, when used
     return caption_statistics(load_coco_captions(path).captions)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import (bench, coco, compare, evaluate, export, replicate, report, scaling_report,
-               scaling_run, slurm_runs, synthetic)
+from . import (bench, caption_stats, coco, compare, evaluate, export, replicate, report,
+               scaling_report, scaling_run, slurm_runs, synthetic)
 from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
 from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
@@ -273,7 +273,6 @@ def run_synthetic(args):
 def synthetic_stats(args):
     """The statistics table of `synthetic --stats`: the world's column beside COCO's (measured
     from --compare, else caption_stats.COCO_VAL2017), and the bands' verdict."""
-    from . import caption_stats
     if args.out is not None:
         world = caption_stats.statistics_of_file(Path(args.out) / synthetic.CAPTIONS_NAME)
     else:                                # the files `--out` would write, read as training does

@@ -272,7 +272,8 @@ def disagreement_lines(results):
     if not results["image"]:
         return []
     rows = {o: r for o, r in results["objectives"].items() if r.get("mutual_knn")}
-    order = {key: sorted(rows, key=lambda o: -rows[o][key]["mean"]) for key in ("mutual_knn", "R@1")}
+    order = {key: sorted(rows, key=lambda o: -rows[o][key]["mean"])
+             for key in ("mutual_knn", "R@1")}
     untrained = {o: u for u in results["untrained"].values() for o in u["objectives"]}
     split = [o for o in rows if o in untrained and all(untrained[o].get(k) for k in order)
              and len({rows[o][k]["mean"] > untrained[o][k]["mean"] for k in order}) == 2]
