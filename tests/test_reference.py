@@ -97,8 +97,9 @@ def test_same_numbers_as_stored(objective, tmp_path, capsys):
     stored = json.loads(STORED.read_text())["objectives"][objective]
     now = reference_numbers(tmp_path, objective)
     for key in stored:                                 # one assertion per kind of number
-        if key in ("evals", "captions_sha256"):        # stored before step 0 was evaluated
-            by_step = {e["step"]: e for e in now[key]} if key == "evals" else now[key]  # (#22):
-            now[key] = ([by_step.get(e["step"]) for e in stored[key]] if key == "evals"
-                        else {name: by_step.get(name) for name in stored[key]})  # stored ones
+        if key == "evals":           # stored before step 0 was evaluated (#22): those steps
+            by_step = {e["step"]: e for e in now[key]}
+            now[key] = [by_step.get(e["step"]) for e in stored[key]]
+        elif key == "captions_sha256":                 # ... and those steps' caption files
+            now[key] = {name: now[key].get(name) for name in stored[key]}
         assert now[key] == stored[key], f"{objective}: {key} differs from {STORED.name}"
