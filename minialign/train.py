@@ -109,7 +109,7 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     info = run_info(cfg, params, data)
 
     # Resume: weights, moments and streams from checkpoint.npz, the files cut back to its step.
-    # Or begin: config.json, no evaluation yet.
+    # Or begin: config.json, then (below) the untrained encoder's evaluation at step 0.
     if from_checkpoint:
         metrics, first_step, seconds_before = resume_run(out, cfg, params, state, rngs)
     else:
@@ -119,6 +119,10 @@ def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
     t_start = time.perf_counter() - seconds_before
     t_saved = time.perf_counter()                               # the last checkpoint's time
     with open_log(out) as log, Progress(cfg, first_step, progress) as screen:
+        # Evaluate step 0, the untrained encoder, where every val curve starts. It draws no
+        # random number, so the steps after it are those of a run without it.
+        if first_step == 0:
+            evaluate_val(params, cfg, data, out, 0, metrics, screen)
         for step in range(first_step, cfg.steps):
             if stop_after is not None and step >= stop_after:   # as if killed here (tests)
                 return None

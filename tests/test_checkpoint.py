@@ -23,7 +23,7 @@ STEPS, EVAL_EVERY = 8, 3
 def world(tmp_path_factory):
     """The captions file, and one uninterrupted bad_views run to compare against."""
     root = tmp_path_factory.mktemp("world")
-    captions, _ = synthetic.write_world(root, n_scenes=300, seed=0)
+    captions, _ = synthetic.write_world(root, n_scenes=300, seed=0, world="v1")
     cfg = config(captions)
     train.train(cfg, root / "whole", progress=False)
     return {"captions": captions, "whole": root / "whole"}
@@ -98,7 +98,7 @@ def test_resumed_during_final_evaluation(world, tmp_path):
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
     evals = json.loads((run / "metrics.json").read_text())["evals"]
-    assert [e["step"] for e in evals] == [3, 6, 8]
+    assert [e["step"] for e in evals] == [0, 3, 6, 8]
 
 
 def test_finished_run_is_skipped(world, tmp_path, capsys):

@@ -196,7 +196,7 @@ def test_anticollapse_flag_lists_the_objectives_choices():
 def test_train_with_sigreg_end_to_end(tmp_path, capsys, objective):
     """A tiny run under --anticollapse sigreg: config.json records it and SIGReg's settings,
     log.jsonl carries a finite sigreg term every step, and it evaluates to the end."""
-    captions, _ = write_world(tmp_path / "world", n_scenes=120, seed=0)
+    captions, _ = write_world(tmp_path / "world", n_scenes=120, seed=0, world="v1")
     out = tmp_path / "run"
     assert main(["train", "--objective", objective, "--captions", str(captions), "--out",
                  str(out), "--steps", "4", "--batch-photos", "16", "--warmup-steps", "1",

@@ -20,7 +20,8 @@ TINY = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--batch-photos"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    captions, embeddings = synthetic.write_world(tmp_path_factory.mktemp("world"), 300, seed=0)
+    captions, embeddings = synthetic.write_world(tmp_path_factory.mktemp("world"), 300, seed=0,
+                                                 world="v1")
     return {"captions": str(captions), "embeddings": str(embeddings)}
 
 

@@ -16,7 +16,7 @@ TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return write_world(tmp_path_factory.mktemp("world"), n_scenes=200, seed=0)[0]
+    return write_world(tmp_path_factory.mktemp("world"), n_scenes=200, seed=0, world="v1")[0]
 
 
 def run(world, out, **weights):

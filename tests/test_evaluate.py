@@ -20,7 +20,7 @@ from minialign.metrics import (collapse_stats, fit_procrustes, mutual_knn, parap
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
-STEPS, EVAL_EVERY = 6, 3          # saves val at steps 3 and 6, test and train at step 6
+STEPS, EVAL_EVERY = 6, 3          # saves val at steps 0, 3 and 6, test and train at step 6
 N_SCENES, N_SPLIT = 300, 60       # data.split_photos default: min(1000, 300 // 5) = 60
 OBJECTIVES = ("good_views", "next_token")
 
@@ -29,7 +29,7 @@ OBJECTIVES = ("good_views", "next_token")
 def world(tmp_path_factory):
     """{"captions", "embeddings", "runs": {objective: run dir}}, never written to by tests."""
     root = tmp_path_factory.mktemp("world")
-    captions, embeddings = synthetic.write_world(root, n_scenes=N_SCENES, seed=0)
+    captions, embeddings = synthetic.write_world(root, n_scenes=N_SCENES, seed=0, world="v1")
     runs = {}
     for objective in OBJECTIVES:
         cfg = train.TrainConfig(objective=objective, captions=captions, steps=STEPS,
@@ -65,7 +65,7 @@ def test_end_to_end_on_synthetic_world(world, tmp_path, capsys):
         assert metrics["evals"] == old["evals"] and metrics["final"] == old["final"]  # kept
         ia = metrics["image_alignment"]
         assert ia["embeddings"]["sha256"] == sha256_file(world["embeddings"])
-        assert [e["step"] for e in ia["steps"]] == [EVAL_EVERY, STEPS]   # every saved step
+        assert [e["step"] for e in ia["steps"]] == [0, EVAL_EVERY, STEPS]  # every saved step
         n = N_SPLIT
         assert ia["chance"] == {"val": {"photos": n, "mutual_knn": 10 / (n - 1)},
                                 "test": {"photos": n, "mutual_knn": 10 / (n - 1),
@@ -107,7 +107,8 @@ def test_numbers_equal_metrics_on_saved_arrays(world):
         return emb.embeddings[[row[i] for i in ids.tolist()]]
 
     result = evaluate.evaluate_run(run, emb, write=False)
-    val3, final = result["steps"][0]["val"], result["steps"][1]
+    by_step = {e["step"]: e for e in result["steps"]}                   # steps 0, 3, 6
+    val3, final = by_step[EVAL_EVERY]["val"], by_step[STEPS]
     for s, (ids, z) in enumerate(saved(run, "val", EVAL_EVERY)):
         assert val3["mutual_knn"]["per_slot"][s] == mutual_knn(z, images(ids), k=10)
     train_ids, train_z = saved(run, "train", STEPS)[0]
@@ -251,7 +252,7 @@ def test_embeddings_of_other_photos_are_an_error(world, tmp_path):
 def test_embeddings_of_another_captions_file_are_one_line_naming_both(world, tmp_path):
     """A run trained on one world, scored against the embeddings of another (issue #9)."""
     run = copy_run(world, "good_views", tmp_path)
-    _, other = synthetic.write_world(tmp_path / "other", n_scenes=N_SCENES, seed=1)
+    _, other = synthetic.write_world(tmp_path / "other", n_scenes=N_SCENES, seed=1, world="v1")
     with pytest.raises(ValueError) as err:
         cli("--run", run, "--embeddings", other)
     made = load_embeddings(other).meta["captions_sha256"][:12]

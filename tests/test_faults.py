@@ -102,7 +102,7 @@ class Injector:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    captions, _ = synthetic.write_world(root, n_scenes=120, seed=0)
+    captions, _ = synthetic.write_world(root, n_scenes=120, seed=0, world="v1")
     return {"captions": captions, "root": root}
 
 
@@ -157,7 +157,8 @@ def test_the_reference_run_passes_every_kind_of_write_point(reference):
                      "log-inside", "log-after"}
     targets = {label.split(":")[1] for label in reference["labels"] if ":" in label}
     assert targets == {"config.json", "metrics.json", "checkpoint.npz", "model.npz",
-                       "val_step00002.npz", "val_step00004.npz", "val_step00005.npz",
+                       "val_step00000.npz", "val_step00002.npz", "val_step00004.npz",
+                       "val_step00005.npz",
                        "test_step00005.npz", "train_step00005.npz"}
 
 
@@ -210,23 +211,27 @@ def test_temporaries_of_a_killed_writer_are_removed_on_resume(world, reference, 
 
 def test_stopped_after_the_final_checkpoint_without_metrics_finishes(world, reference,
                                                                      tmp_path, monkeypatch):
-    """Issue 8.2: steps <= eval_every, Ctrl-C during the final evaluation: checkpoint.npz but
-    no metrics.json. Resume (train and replicate both call train(resume=True)) finishes it."""
+    """Issue 8.2: steps <= eval_every, Ctrl-C during the final evaluation: checkpoint.npz, and
+    metrics.json with step 0's evaluation alone (#22; before it, no metrics.json at all).
+    Resume (train and replicate both call train(resume=True)) finishes it."""
     cfg = train.TrainConfig(**{**config(world["captions"]).__dict__, "eval_every": 10})
     out, real_evaluate_split = tmp_path / "run", monitor.embed_split
     calls = []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
+        if len(calls) == 1:                                    # step 0's evaluation passes
+            return real_evaluate_split(*args, **kwargs)
         raise KeyboardInterrupt
     monkeypatch.setattr(monitor, "embed_split", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train.train(cfg, out, progress=False)
     monkeypatch.setattr(monitor, "embed_split", real_evaluate_split)
-    assert (out / rundir.CHECKPOINT).exists() and not (out / "metrics.json").exists()
+    assert (out / rundir.CHECKPOINT).exists()
+    assert [e["step"] for e in rundir.read_metrics(out)["evals"]] == [0]
     metrics = train.train(cfg, out, progress=False, resume=True)
     assert metrics["final"]["val"]["paraphrase_R@1"] >= 0
-    assert [e["step"] for e in metrics["evals"]] == [cfg.steps]
+    assert [e["step"] for e in metrics["evals"]] == [0, cfg.steps]
 
 
 def test_a_truncated_checkpoint_is_one_line_naming_it(world, tmp_path):

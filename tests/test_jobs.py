@@ -190,7 +190,7 @@ def test_an_extension_waits_for_every_run_it_depends_on(tmp_path):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("jobs")
-    return synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    return synthetic.write_world(root / "world", n_scenes=300, seed=0, world="v1")
 
 
 def grid_argv(world, out, *extra):

@@ -86,7 +86,7 @@ def grid(tmp_path_factory):
     """The tiny grid, killed in its second run, then run again to the end. Returns paths and
     the trainings of each attempt."""
     root = tmp_path_factory.mktemp("grid")
-    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0, world="v1")
     protocol, out = tiny_protocol(captions), root / "results"
     real_train, calls = train.train, {"first": [], "second": []}
 
@@ -235,7 +235,7 @@ def test_a_diverged_run_is_recorded_and_not_retried(grid, tmp_path, monkeypatch,
 def test_embeddings_of_another_captions_file_stop_before_training(grid, tmp_path):
     """Embeddings of another world (the bug of issue #9: train2017 captions, subset
     embeddings) are refused in one line, before --out is touched."""
-    _, other = synthetic.write_world(tmp_path / "other", n_scenes=300, seed=1)
+    _, other = synthetic.write_world(tmp_path / "other", n_scenes=300, seed=1, world="v1")
     parser = argparse.ArgumentParser()
     cli.add_replicate_args(parser)
     args = parser.parse_args(["--captions", str(grid["captions"]), "--out", str(tmp_path / "r"),

@@ -29,7 +29,7 @@ OUTPUTS = ("results.md", "results.json") + report.FIGURES
 def text_only(tmp_path_factory):
     """A grid directory trained without image evaluation, and the world's embeddings path."""
     root = tmp_path_factory.mktemp("report")
-    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0, world="v1")
     base = train.TrainConfig(captions=str(captions), steps=6, batch_photos=16, eval_every=3,
                              warmup_steps=2, lr=1e-3, model=TINY)
     protocol = Protocol(base=base, objectives=("good_views", "next_token"),
@@ -153,16 +153,18 @@ def test_damaged_json_is_one_line_and_changes_no_result(text_only, tmp_path, cap
 
 
 def test_speed_table_follows_the_saved_curves(text_only):
-    """results.json's "speed" per objective equals speed.py on each run's own saved val curve,
-    with next_token's final value at the same seed as the target."""
-    from minialign.machinery.speed import speed_numbers
+    """results.json's "speed" per objective equals speed.py on each run's own saved val curve
+    after step 0 (the untrained encoder, where the curve starts), with next_token's final value
+    at the same seed as the target."""
+    from minialign.machinery.speed import speed_numbers, trained
     results = report.collect(text_only["out"])
     runs, metric = results["runs"], results["metric"]
     final = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
              for n in results["seed_runs"]["next_token"]}
     for obj, names in results["seed_runs"].items():
-        per_seed = [speed_numbers(runs[n]["curve"]["step"], runs[n]["curve"][metric],
-                                  final[runs[n]["seed"]]) for n in names]
+        assert all(runs[n]["curve"]["step"][0] == 0 for n in names)
+        per_seed = [speed_numbers(*trained(runs[n]["curve"], metric), final[runs[n]["seed"]])
+                    for n in names]
         row = results["speed"][obj]
         reached = [s["steps_to_target"] for s in per_seed if s["steps_to_target"] is not None]
         assert row["not_reached"] == len(per_seed) - len(reached)
@@ -213,8 +215,8 @@ def test_context_rows_chance_untrained_ceiling(evaluated, text_only, tmp_path):
         assert row == (f"| untrained encoder, {kind} ({objectives}) | {cells[0]} | {cells[1]} | "
                        f"| {cells[2]} | {cells[3]} | | {np.mean(para):.3f} ± "
                        f"{np.std(para, ddof=1):.3f} |")
-    assert rows[3] == f"| world ceiling (scene factors vs images) | {results['ceiling']:.3f} | " \
-                      f"| | - | | | - |"
+    assert rows[3] == f"| world v1 ceiling (scene factors vs images) | {results['ceiling']:.3f} " \
+                      f"| | | - | | | - |"
     assert rows[4].startswith("| good_views |") and rows[5].startswith("| next_token |")
     first = outputs(out)                      # baselines.json recomputed: the same bytes again
     (out / "baselines.json").unlink()
@@ -355,3 +357,29 @@ def test_objectives_below_the_untrained_encoder_are_named():
     results["objectives"]["bad_views"] = results["objectives"]["next_token"] = {}
     results["untrained"]["bidirectional"]["R@1"] = ms(0.1)
     assert report.below_untrained_lines(results) == []
+
+
+def test_disagreeing_image_metrics_are_said():
+    """mutual-kNN and R@1 in another order, or one objective above its untrained encoder by one
+    metric and below it by the other: results.md says so; agreeing metrics: nothing."""
+    ms = lambda mean: {"mean": mean, "std": 0.0}
+    results = {"image": True,
+               "untrained": {"bidirectional": {"objectives": ["good_views"],
+                                               "mutual_knn": ms(0.04), "R@1": ms(0.06)},
+                             "causal": {"objectives": ["next_token"], "mutual_knn": ms(0.04),
+                                        "R@1": ms(0.05)}},
+               "objectives": {"good_views": {"mutual_knn": ms(0.07), "R@1": ms(0.03)},
+                              "next_token": {"mutual_knn": ms(0.03), "R@1": ms(0.01)}}}
+    line = report.disagreement_lines(results)[1]
+    assert line.startswith("The two image metrics disagree: both order the objectives "
+                           "good_views > next_token, but good_views is above the untrained "
+                           "encoder in mutual-kNN@10 and below it in R@1, caption → image. ")
+    assert "docs/results.md" in line
+    results["objectives"]["next_token"]["R@1"] = ms(0.04)          # R@1: the other order
+    assert "by mutual-kNN@10 the order is good_views > next_token; by R@1, caption → image the " \
+           "order is next_token > good_views; good_views is above" in report.disagreement_lines(
+               results)[1]
+    results["objectives"]["good_views"]["R@1"] = ms(0.08)          # both above, same order
+    results["objectives"]["next_token"]["R@1"] = ms(0.01)
+    assert report.disagreement_lines(results) == []
+    assert report.disagreement_lines({**results, "image": False}) == []

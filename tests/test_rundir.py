@@ -18,7 +18,8 @@ TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--batch-photos"
 
 @pytest.fixture(scope="module")
 def captions(tmp_path_factory):
-    return synthetic.write_world(tmp_path_factory.mktemp("world"), n_scenes=120, seed=0)[0]
+    return synthetic.write_world(tmp_path_factory.mktemp("world"), n_scenes=120, seed=0,
+                                 world="v1")[0]
 
 
 def train_cli(captions, out, *extra, steps=3):

@@ -134,7 +134,7 @@ def test_sweep_estimate_from_measured_times(tmp_path):
 
 
 def test_bad_flags_give_one_line(tmp_path, capsys):
-    captions, _ = synthetic.write_world(tmp_path / "world", n_scenes=300, seed=0)
+    captions, _ = synthetic.write_world(tmp_path / "world", n_scenes=300, seed=0, world="v1")
     out = tmp_path / "r"
     common = ["scaling", "--captions", str(captions), "--out", str(out), "--image-eval", "off"]
     assert cli.main(common + ["--widths", "200", "--depths", "2"]) == 2
@@ -156,7 +156,7 @@ def sweep(tmp_path_factory):
     """2 sizes x 3 objectives x seeds 0, 1, text-only, killed in its second run and run again;
     then a rerun with the image embeddings. Returns paths, trainings and both reports."""
     root = tmp_path_factory.mktemp("sweep")
-    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0, world="v1")
     protocol, out = sweep_protocol(captions), root / "results"
     real_train, calls = train.train, {"first": [], "second": [], "third": []}
 

@@ -186,7 +186,8 @@ def test_a_config_train_flags_cannot_give_is_refused():
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return synthetic.write_world(tmp_path_factory.mktemp("slurm") / "world", n_scenes=300, seed=0)
+    return synthetic.write_world(tmp_path_factory.mktemp("slurm") / "world", n_scenes=300, seed=0,
+                                 world="v1")
 
 
 def test_the_task_command_writes_the_config_json_a_local_run_writes(world, tmp_path):

@@ -1,4 +1,5 @@
-"""Tests for minialign.synthetic: the SYNTHETIC world and its two files."""
+"""Tests for minialign.synthetic: the SYNTHETIC worlds (v1 by name, v2 the default) and their
+two files; the v2 world's caption statistics against COCO's (caption_stats)."""
 import hashlib
 import json
 import re
@@ -31,7 +32,7 @@ def mentioned(caption, vocabulary, plural_nouns=False):
 
 
 def test_world_shapes_and_ids():
-    world = make_world(50, np.random.default_rng(0), d_img=32)
+    world = make_world(50, np.random.default_rng(0), d_img=32, world="v1")
     assert world["image_ids"].dtype == np.int64 and world["image_ids"].shape == (50,)
     assert len(set(world["image_ids"].tolist())) == 50
     assert world["embeddings"].shape == (50, 32) and world["embeddings"].dtype == np.float32
@@ -61,7 +62,7 @@ def test_captions_differ_but_describe_the_same_attributes():
 
 
 def test_caption_surface_noise_is_present():
-    world = make_world(400, np.random.default_rng(2), d_img=8)
+    world = make_world(400, np.random.default_rng(2), d_img=8, world="v1")
     captions = [c for caps in world["captions"] for c in caps]
     assert any(c.endswith(" ") for c in captions)
     assert any(c == c.lower() for c in captions)
@@ -72,9 +73,9 @@ def test_caption_surface_noise_is_present():
 
 def test_image_model_is_fixed_across_worlds():
     scene = sample_scene(np.random.default_rng(3))
-    f = scene_factors(scene)[None, :]                                         # (1, F)
-    a = embed_scenes(f, 0.0, np.random.default_rng(4))                        # (1, 768)
-    b = embed_scenes(f, 0.0, np.random.default_rng(5))                        # (1, 768)
+    f = scene_factors(scene, "v1")[None, :]                                       # (1, F)
+    a = embed_scenes(f, 0.0, np.random.default_rng(4), world="v1")                 # (1, 768)
+    b = embed_scenes(f, 0.0, np.random.default_rng(5), world="v1")                 # (1, 768)
     assert a.shape == (1, D_IMG) and np.array_equal(a, b)
 
 
@@ -94,10 +95,11 @@ def test_shared_attributes_mean_similar_embeddings():
               "objects": [{**obj, "colour": other_colour, "position": other_position,
                            "size": "big" if obj["size"] == "small" else "small"}]
               + scene["objects"][1:]}
-        base.append(scene_factors(scene))
-        one_change.append(scene_factors(v1))
-        four_changes.append(scene_factors(v4))
-    e0, e1, e4 = (embed_scenes(np.stack(f), 0.0, rng) for f in (base, one_change, four_changes))
+        base.append(scene_factors(scene, "v1"))
+        one_change.append(scene_factors(v1, "v1"))
+        four_changes.append(scene_factors(v4, "v1"))
+    e0, e1, e4 = (embed_scenes(np.stack(f), 0.0, rng, world="v1")
+                  for f in (base, one_change, four_changes))
     d1 = np.linalg.norm(e0 - e1, axis=1)                                      # (300,)
     d4 = np.linalg.norm(e0 - e4, axis=1)                                      # (300,)
     assert d1.mean() < 0.8 * d4.mean()
@@ -192,7 +194,7 @@ def test_world_ceiling_scores_the_evaluations_test_split():
     from minialign.data import split_photos
     from minialign.machinery.synthetic import world_ceiling
     from minialign.metrics import mutual_knn
-    world = make_world(N_SMALL, np.random.default_rng(7), d_img=64)
+    world = make_world(N_SMALL, np.random.default_rng(7), d_img=64, world="v1")
     ids, factors, img = world["image_ids"], world["factors"], world["embeddings"]
     test = split_photos(ids)["test"]                                          # (60,)
     assert len(test) == N_SMALL // 5
@@ -239,8 +241,8 @@ def unbound_bag(factors):
 def test_image_model_shares_part_of_each_attribute_across_kinds():
     from minialign.machinery.synthetic import ATTR_SHARED, KIND_BLOCK, W1_STD, image_model
     old = np.random.default_rng(20240601).standard_normal((N_FACTORS, 512)) * W1_STD
-    assert np.array_equal(image_model(attr_shared=0.0)["w1"], old)  # the world before #12
-    w1 = image_model()["w1"]                                                  # (F, HIDDEN)
+    assert np.array_equal(image_model(attr_shared=0.0, world="v1")["w1"], old)  # the world before #12
+    w1 = image_model(world="v1")["w1"]                                               # (F, HIDDEN)
     assert np.array_equal(w1[:len(SETTINGS)], old[:len(SETTINGS)])  # settings untouched
     present = [len(SETTINGS) + k * KIND_BLOCK for k in range(len(KINDS))]
     assert np.array_equal(w1[present], old[present])                 # kinds' own rows untouched
@@ -259,12 +261,108 @@ def test_shared_attributes_make_image_neighbourhoods_follow_what_captions_say():
     bound factors still align best (measured on the 2000-scene world: 0.17 -> 0.36)."""
     from minialign.machinery.synthetic import ATTR_SHARED, image_model
     from minialign.metrics import mutual_knn
-    world = make_world(1000, np.random.default_rng(9), d_img=8)
+    world = make_world(1000, np.random.default_rng(9), d_img=8, world="v1")
     factors = world["factors"][:300]                                          # (300, F)
     def images(attr_shared):
-        w = image_model(attr_shared=attr_shared)
+        w = image_model(attr_shared=attr_shared, world="v1")
         return np.tanh(factors @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]      # (300, 768)
     before, after = images(0.0), images(ATTR_SHARED)
     bag = unbound_bag(factors)                                                # (300, 37)
     assert mutual_knn(bag, after) > mutual_knn(bag, before) + 0.1
     assert mutual_knn(factors, after) > mutual_knn(bag, after)
+
+
+# ---------------------------------------------------------------- the calibrated world (#22)
+def test_default_world_is_within_cocos_caption_statistics_bands(tmp_path):
+    """The default world, as `python -m minialign synthetic` writes it, is within the bands of
+    caption_stats: against the real COCO val2017 captions beside the checkout when present,
+    else against the values recorded from them (COCO_VAL2017)."""
+    from conftest import REAL_CAPTIONS
+    from minialign.machinery import caption_stats
+    from minialign.machinery.synthetic_v2 import CALIBRATED
+    captions, _ = write_world(tmp_path, n_scenes=2000, seed=0)
+    stats = caption_stats.statistics_of_file(captions)
+    coco = (caption_stats.statistics_of_file(REAL_CAPTIONS) if REAL_CAPTIONS.exists()
+            else caption_stats.COCO_VAL2017)
+    assert caption_stats.outside_bands(stats, coco) == []
+    assert all(abs(stats[k] - CALIBRATED[k]) < 1e-3 for k in caption_stats.KEYS), stats
+    old, _ = write_world(tmp_path / "v1", n_scenes=2000, seed=0, world="v1")
+    assert len(caption_stats.outside_bands(caption_stats.statistics_of_file(old), coco)) == 4
+
+
+def test_recorded_coco_statistics_are_measured(real_captions_path):
+    from minialign.machinery import caption_stats
+    measured = caption_stats.statistics_of_file(real_captions_path)
+    for key, recorded in caption_stats.COCO_VAL2017.items():
+        assert abs(measured[key] - recorded) < 5e-4, (key, measured[key])
+
+
+def test_content_words_and_statistics_by_hand():
+    from minialign.machinery.caption_stats import caption_statistics, content_words
+    assert content_words("A dog is sitting on the beach.") == ["dog", "sitting", "beach"]
+    photos = [["a red dog", "a dog on grass"], ["two cats", "cats asleep"]]
+    stats = caption_statistics(photos)
+    assert stats["words_per_caption"] == (2 + 2 + 2 + 2) / 4
+    assert stats["same_photo_jaccard"] == (1 / 3 + 1 / 3) / 2      # {dog} of 3 words; {cats}
+    assert stats["coverage"] == 0.5                                 # each caption: 1 of 2 words
+    assert stats["random_jaccard"] == 0.0                           # the photos share no word
+    with pytest.raises(ValueError, match=">= 2 captions"):
+        caption_statistics([["one caption"], ["two", "three"]])
+
+
+def test_v2_captions_are_partial_views_of_the_whole_scene():
+    """Each v2 caption names a subset of its scene (the most salient object most often); the
+    factors, and so the image, hold every object, mentioned or not."""
+    from minialign.machinery import synthetic_v2 as v2
+    world = make_world(300, np.random.default_rng(11), d_img=8)                # v2: default
+    named_first = named_all = total = 0
+    for scene, captions in zip(world["scenes"], world["captions"]):
+        assert 2 <= len(scene["objects"]) <= 5 and len(set(captions)) == 5
+        for caption in captions:
+            words = set(re.findall(r"[a-z]+", caption.lower()))
+            said = [any(f in words for pair in v2.KINDS[o["kind"]] for f in pair)
+                    for o in scene["objects"]]
+            named_first += said[0]
+            named_all += all(said)
+            total += 1
+    assert named_first / total > 0.9 and named_all / total < 0.3
+    assert world["factors"].shape[1] == 24 + 60 * 24
+    assert np.array_equal(world["factors"].sum(axis=1),
+                          [1 + 5 * len(s["objects"]) for s in world["scenes"]])
+
+
+def test_world_version_is_recorded_and_read_back(tmp_path):
+    from minialign.machinery.synthetic import world_of
+    for world in ("v1", "v2"):
+        captions, embeddings = write_world(tmp_path / world, n_scenes=20, seed=0, world=world)
+        coco = json.loads(open(captions).read())
+        assert world_of(coco) == world == coco["info"]["world"]
+        with np.load(embeddings) as npz:
+            assert json.loads(str(npz["meta"]))["world"] == world
+    assert world_of({"info": {}}) == "v1"                 # files from before #22
+    with pytest.raises(ValueError, match="unknown world"):
+        make_world(5, np.random.default_rng(0), world="v3")
+
+
+def test_synthetic_stats_command(tmp_path, capsys):
+    """`synthetic --stats` prints the world's four statistics beside COCO's (recorded, or
+    measured from --compare) and whether they are within the bands; without --out it writes
+    nothing."""
+    from minialign.machinery import caption_stats, cli
+    assert cli.main(["synthetic", "--stats", "--n-scenes", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "| statistic | COCO val2017 (recorded) | world v2, 300 scenes, seed 0 |" in out
+    assert "| content words per caption | 5.800 |" in out and "within the bands" in out
+    reference, _ = write_world(tmp_path / "reference", n_scenes=100, seed=1, world="v1")
+    assert cli.main(["synthetic", "--out", str(tmp_path / "w"), "--world", "v1", "--n-scenes",
+                     "100", "--stats", "--compare", reference]) == 0
+    out = capsys.readouterr().out
+    stats = caption_stats.statistics_of_file(tmp_path / "w" / CAPTIONS_NAME)
+    assert f"| {caption_stats.LABELS['coverage']} | " in out and f"{stats['coverage']:.3f} |" in out
+    assert f"{reference} | world v1, 100 scenes, seed 0 |" in out
+    assert "outside the bands: random_jaccard" in out                    # v1 overlaps: 0.1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reference", "w"]
+    assert cli.main(["synthetic"]) == 2
+    assert "--out is required (or --stats" in capsys.readouterr().err
+    assert cli.main(["synthetic", "--out", str(tmp_path / "x"), "--compare", reference]) == 2
+    assert "--compare: only with --stats" in capsys.readouterr().err

@@ -19,7 +19,7 @@ def losses(run):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    captions, _ = write_world(tmp_path_factory.mktemp("world"), n_scenes=200, seed=0)
+    captions, _ = write_world(tmp_path_factory.mktemp("world"), n_scenes=200, seed=0, world="v1")
     return captions
 
 
@@ -80,7 +80,7 @@ def few_captions_world(tmp_path_factory):
     """The 200-scene synthetic world cut to 2 captions per photo (odd image ids: 3), and the
     first caption of every photo whose id is a multiple of 3 ending in "near the dog's bed"."""
     root = tmp_path_factory.mktemp("few")
-    captions, embeddings = write_world(root, n_scenes=200, seed=0)
+    captions, embeddings = write_world(root, n_scenes=200, seed=0, world="v1")
     doc = json.loads(open(captions).read())
     kept, seen = [], {}
     for a in sorted(doc["annotations"], key=lambda a: a["id"]):
@@ -107,7 +107,8 @@ def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, 
     cfg = TrainConfig(objective="good_views", captions=str(path), steps=4, batch_photos=16,
                       warmup_steps=1, eval_every=2, model=SMALL)
     metrics = train(cfg, tmp_path / "run", progress=False)
-    assert [e["step"] for e in metrics["evals"]] == [2, 4]
+    assert [e["step"] for e in metrics["evals"]] == [0, 2, 4]   # 0: the untrained encoder
+    assert (tmp_path / "run" / "captions" / "val_step00000.npz").is_file()
     for entry in metrics["evals"]:
         for split in set(entry) - {"step"}:
             assert entry[split]["caption_slots"] == 3

@@ -11,7 +11,8 @@
   replication       protocol (grid, lr search), replicate, jobs (runs in parallel), estimate
                     (the time a grid will take), slurm + slurm_runs (job arrays, the runs as
                     tasks), report + figures + speed ("aligns faster") + baselines (untrained,
-                    ceiling) + compare (two directories side by side), synthetic
+                    ceiling) + compare (two directories side by side), synthetic (worlds v1,
+                    v2 = synthetic_v2, calibrated by caption_stats to COCO's caption overlap)
   scaling sweep     scaling (sizes, parameters, the gap's trend), scaling_run (the command),
                     scaling_report (results.md, fig_scaling)
   data and speed    coco + download + photos (`make data`), bench + gemms + bench_torch +

@@ -110,26 +110,29 @@ def load_baselines(out, protocol, embeddings=None, size=None):
     baselines_path(out, size) if it was made for the same baselines_key, else computed now
     (untrained_scores, and world_ceiling_of_files for a synthetic world) and written there. embeddings: {"path", "sha256"} of the image
     embeddings the runs were scored against, or None. Returns {"key", "untrained": {...} or
-    None, "ceiling": float or None}; untrained is None when the captions file is gone (the
+    None, "ceiling": float or None, "world": the synthetic world's version or None (absent in
+    a baselines.json from before #22)}; untrained is None when the captions file is gone (the
     report then shows "-"). Raises ValueError (one line naming the file) for a damaged
     baselines.json or embeddings file."""
     path, key = baselines_path(out, size), baselines_key(protocol, embeddings, size)
     if path.is_file():
         saved = read_json(path, "untrained-encoder and ceiling scores (baselines.json)")
-        if saved.get("key") == key:
-            return saved
+        if saved.get("key") == key and ("world" in saved or saved.get("ceiling") is None):
+            return saved                         # (a synthetic one from before #22: redone)
     captions = protocol.base.captions
     if not Path(captions).is_file():
         return {"key": key, "untrained": None, "ceiling": None}
-    emb = ceiling = None
+    emb = ceiling = world = None
     if embeddings and Path(embeddings["path"]).is_file() \
             and sha256_file(embeddings["path"]) == embeddings["sha256"]:
         emb = load_embeddings(embeddings["path"])
         if emb.meta.get("synthetic"):
             ceiling = world_ceiling_of_files(captions, embeddings["path"],
                                              split_seed=protocol.base.split_seed)
+            world = emb.meta.get("world", "v1")            # files from before #22: v1
     result = {"key": key if emb is not None or not embeddings else {**key,
                                                                     "embeddings_sha256": None},
-              "untrained": untrained_scores(protocol, emb, size), "ceiling": ceiling}
+              "untrained": untrained_scores(protocol, emb, size), "ceiling": ceiling,
+              "world": world}
     atomic_write_json(path, result)
     return result

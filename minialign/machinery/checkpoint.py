@@ -203,9 +203,10 @@ def load_checkpoint(out, params, state, rngs):
 
 
 def eval_steps(step, steps, eval_every):
-    """The intermediate evaluation steps a run has passed at `step`: every eval_every-th step
-    up to `step`, the final step (`steps`) excluded (its evaluation follows the checkpoint)."""
-    return [s for s in range(eval_every, step + 1, eval_every) if s < steps]
+    """The intermediate evaluation steps a run has passed at `step`: step 0 (the untrained
+    encoder, since #22) and every eval_every-th step up to `step`, the final step (`steps`)
+    excluded (its evaluation follows the checkpoint)."""
+    return [s for s in range(0, step + 1, eval_every) if s < steps]
 
 
 def rewind_run_dir(out, meta, cfg):
@@ -225,7 +226,7 @@ def rewind_run_dir(out, meta, cfg):
     if metrics_path.is_file():
         metrics = read_metrics(out)
     evals = [e for e in metrics.get("evals", []) if e["step"] in expected]
-    if [e["step"] for e in evals] != expected:
+    if [e["step"] for e in evals if e["step"] > 0] != expected[1:]:  # step 0: none before #22
         raise ValueError(f"{metrics_path}: lacks the evaluations at steps {expected} that "
                          f"{CHECKPOINT} at step {step} comes after; pass --force to start over")
     with open(log_path, "r+b") as log:

@@ -11,12 +11,13 @@ mistyped flag's line names the closest real one); --help prints the whole usage.
 import argparse
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import (bench, coco, compare, evaluate, export, photos, replicate, report,
-               scaling_report, scaling_run, slurm_runs, synthetic)
+from . import (bench, caption_stats, coco, compare, evaluate, export, photos, replicate,
+               report, scaling_report, scaling_run, slurm_runs, synthetic)
 from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
 from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
@@ -238,16 +239,56 @@ def run_report(args):
 
 
 def add_synthetic_args(p):
-    p.add_argument("--out", required=True, help="directory for the two SYNTHETIC files")
+    p.add_argument("--out", help="directory for the two SYNTHETIC files (needed unless --stats)")
+    p.add_argument("--world", choices=sorted(synthetic.WORLDS), default=synthetic.DEFAULT_WORLD,
+                   help="v2: captions are partial views, calibrated to COCO's caption "
+                        "statistics; v1: the world before #22 (complete paraphrases)")
     p.add_argument("--n-scenes", type=positive_int, default=2000,
                    help="scenes (photos) to write, >= 1")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="scene and caption seed, >= 0")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--stats", action="store_true",
+                   help="print the world's caption statistics (caption_stats.py) beside COCO "
+                        "val2017's; with --out, of the files written")
+    p.add_argument("--compare", metavar="COCO_JSON",
+                   help="with --stats: measure this COCO captions file instead of using the "
+                        "recorded COCO val2017 values")
 
 
 def run_synthetic(args):
-    for path in synthetic.write_world(args.out, args.n_scenes, args.seed, args.force):
-        print(f"wrote {path} (SYNTHETIC minialign world, not COCO)")
+    """Write the world's two files (--out), and/or print its caption statistics (--stats)."""
+    if args.out is None and not args.stats:
+        raise ValueError("--out is required (or --stats, to print the statistics only)")
+    if args.compare and not args.stats:
+        raise ValueError("--compare: only with --stats")
+    if args.out is not None:
+        paths = synthetic.write_world(args.out, args.n_scenes, args.seed, args.force,
+                                      world=args.world)
+        for path in paths:
+            print(f"wrote {path} (SYNTHETIC minialign world, not COCO)")
+    if args.stats:
+        print(synthetic_stats(args))
+
+
+def synthetic_stats(args):
+    """The statistics table of `synthetic --stats`: the world's column beside COCO's (measured
+    from --compare, else caption_stats.COCO_VAL2017), and the bands' verdict."""
+    if args.out is not None:
+        world = caption_stats.statistics_of_file(Path(args.out) / synthetic.CAPTIONS_NAME)
+    else:                                # the files `--out` would write, read as training does
+        with tempfile.TemporaryDirectory() as tmp:
+            captions, _ = synthetic.write_world(tmp, args.n_scenes, args.seed, world=args.world)
+            world = caption_stats.statistics_of_file(captions)
+    coco, name = caption_stats.COCO_VAL2017, "COCO val2017 (recorded)"
+    if args.compare:
+        coco, name = caption_stats.statistics_of_file(args.compare), args.compare
+    table = caption_stats.format_statistics({name: coco, f"world {args.world}, "
+                                             f"{args.n_scenes} scenes, seed {args.seed}": world})
+    outside = caption_stats.outside_bands(world, coco)
+    verdict = ("every statistic within the bands (within 20% of COCO's; random-pair Jaccard "
+               f"<= {caption_stats.RANDOM_JACCARD_MAX})" if not outside else
+               "outside the bands: " + "; ".join(outside))
+    return f"{table}\n{verdict}"
 
 
 def add_data_args(p):

@@ -215,8 +215,8 @@ def fig_curves(results, path):
         for xy in line:
             dot(draw, xy, 7, COLOURS.get(obj, GREY), outline=COLOURS.get(obj, GREY))
     if results["chance"].get(metric) is not None:
-        hline(draw, px, 0, p["base"]["steps"], results["chance"][metric],
-              f"chance {results['chance'][metric]:.3f}")
+        hline(draw, px, 0, p["base"]["steps"], results["chance"][metric],   # right: clear of
+              f"chance {results['chance'][metric]:.3f}", where="rb")      # next_token's label
     faster_marks(draw, px, speed, p["base"]["steps"])
     legend(draw, (140, 860), [(o, COLOURS.get(o, GREY)) for o in curves])
     draw.text((1540, 860), "line: mean over seeds   shade: seed min..max", font=font(28),

@@ -122,7 +122,7 @@ def collect(out):
             "evaluated_runs": sum("mutual_knn" in r["test"] for r in finished),
             "finished_runs": len(finished), "objectives": objectives, "seed_runs": seed_runs,
             "chance": finished[0]["chance"] if finished else {}, "published": PUBLISHED,
-            "untrained": untrained, "ceiling": context["ceiling"],
+            "untrained": untrained, "ceiling": context["ceiling"], "world": context.get("world"),
             "difference": {"metric": metric, "seeds": shared, "per_seed": diffs,
                            "good_views_higher": sum(d > 0 for d in diffs)},
             "lr_search": searches, "runs": runs, "speed": speed_summary(runs, seed_runs, metric),
@@ -175,7 +175,9 @@ def format_markdown(results):
              f"{len(p['objectives'])} objectives x seeds {', '.join(map(str, p['seeds']))}: "
              f"{base['steps']} steps of {base['batch_photos']} photos (two captions each), "
              f"lr {base['lr']:g} for every objective, encoder D={model['d_model']} "
-             f"L={model['n_layers']}; captions `{base['captions']}`. Test split; image metrics "
+             f"L={model['n_layers']}; captions `{base['captions']}`"
+             f"{' (SYNTHETIC world ' + results['world'] + ')' if results.get('world') else ''}"
+             f". Test split; image metrics "
              f"are means over the 5 caption slots (R@1: caption -> image after an orthogonal "
              f"rotation fitted on the train photos); paraphrase R@1 is text-only. "
              f"mean ± sample std (ddof 1) over seeds.", "",
@@ -208,7 +210,8 @@ def format_markdown(results):
                       f"embeddings) is left blank: these runs were scored against "
                       f"{', '.join(results['embeddings_models'])}, so compare the ordering of "
                       f"the objectives with the replication's, not the values."]
-    lines += [""] + context_lines(results) + [""] + difference_lines(results) + [""]
+    lines += [""] + context_lines(results) + disagreement_lines(results)
+    lines += [""] + difference_lines(results) + [""]
     lines += speed_lines(results) + [""]
     if not image:
         lines += [f"Image alignment pending: {results['evaluated_runs']} of "
@@ -230,7 +233,8 @@ def context_rows(results):
         rows.append(f"| untrained encoder, {kind} ({', '.join(row['objectives'])}) | {mknn[0]} | "
                     f"{mknn[1]} | | {r1[0]} | {r1[1]} | | {cell(row[TEXT_KEY], False)[0]} |")
     if results["ceiling"] is not None:
-        rows.append(f"| world ceiling (scene factors vs images) | {fmt(results['ceiling'])} "
+        world = f"world {results['world']} " if results.get("world") else "world "
+        rows.append(f"| {world}ceiling (scene factors vs images) | {fmt(results['ceiling'])} "
                     f"| | | - | | | - |")
     return rows
 
@@ -263,6 +267,35 @@ def below_untrained_lines(results):
     return ["", f"Below the untrained encoder: {which}. Training with these moved the text "
                 f"embeddings away from an alignment the architecture already has at random "
                 f"initialisation; read every gain against that row, not against chance."]
+
+
+def disagreement_lines(results):
+    """A paragraph when the two image metrics tell different stories: the objectives in another
+    order by test mutual-kNN@10 than by R@1, or an objective above its untrained encoder by
+    one metric and below it by the other (none: no paragraph; docs/results.md explains)."""
+    if not results["image"]:
+        return []
+    rows = {o: r for o, r in results["objectives"].items() if r.get("mutual_knn")}
+    order = {key: sorted(rows, key=lambda o: -rows[o][key]["mean"])
+             for key in ("mutual_knn", "R@1")}
+    untrained = {o: u for u in results["untrained"].values() for o in u["objectives"]}
+    split = [o for o in rows if o in untrained and all(untrained[o].get(k) for k in order)
+             and len({rows[o][k]["mean"] > untrained[o][k]["mean"] for k in order}) == 2]
+    if order["mutual_knn"] == order["R@1"] and not split:
+        return []
+    said = ([f"by {LABELS[k]} the order is {' > '.join(order[k])}" for k in order]
+            if order["mutual_knn"] != order["R@1"] else
+            [f"both order the objectives {' > '.join(order['R@1'])}, but"])
+    for o in split:
+        up = next(k for k in order if rows[o][k]["mean"] > untrained[o][k]["mean"])
+        down = next(k for k in order if k != up)
+        said.append(f"{o} is above the untrained encoder in {LABELS[up]} and below it in "
+                    f"{LABELS[down]}")
+    return ["", f"The two image metrics disagree: {'; '.join(said).replace('but;', 'but')}. "
+                f"Mutual-kNN@10 asks whether "
+                f"a caption's nearest captions belong to its image's nearest images (no fitting); "
+                f"R@1 asks whether one rotation fitted on the train photos puts each test caption "
+                f"nearest its own image. Neither is the whole story: see docs/results.md."]
 
 
 def difference_lines(results):

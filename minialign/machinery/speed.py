@@ -9,6 +9,8 @@ For one run's curve (steps s_1 < ... < s_K, values v_1..v_K of one metric, highe
     auc               the area under the curve by the trapezoid rule, divided by s_K - s_1:
                       the curve's mean value over training, in the metric's units
 Steps are resolved to the evaluation grid (eval_every): no interpolation between evaluations.
+Step 0 (the untrained encoder, evaluated since #22) is where fig_curves starts each curve, not
+a result of training: these numbers read the evaluations after it, as before it existed.
 A target never reached gives None (reported as "not reached", never as a number).
 speed_summary: these per objective, mean_std over its seeds (report.collect's "speed").
 """
@@ -60,6 +62,13 @@ def mean_std(values):
             "values": list(values)}
 
 
+def trained(curve, metric):
+    """(steps, values) of a curve's evaluations after step 0 (all of them if it has no other)."""
+    kept = [(s, v) for s, v in zip(curve["step"], curve[metric]) if s > 0] or \
+        list(zip(curve["step"], curve[metric]))
+    return [s for s, _ in kept], [v for _, v in kept]
+
+
 def speed_summary(runs, seed_runs, metric):
     """Per objective, over its seeds (speed_numbers): steps to next_token's final val value at
     the same seed ("not_reached" counts the seeds whose next_token run has finished but which
@@ -72,8 +81,7 @@ def speed_summary(runs, seed_runs, metric):
     summary = {}
     for obj, names in seed_runs.items():
         seeds = [runs[n]["seed"] for n in names if metric in runs[n]["curve"]]
-        per_seed = [speed_numbers(runs[n]["curve"]["step"], runs[n]["curve"][metric],
-                                  finals.get(runs[n]["seed"]))
+        per_seed = [speed_numbers(*trained(runs[n]["curve"], metric), finals.get(runs[n]["seed"]))
                     for n in names if metric in runs[n]["curve"]]
         summary[obj] = {key: mean_std([s[key] for s in per_seed if s[key] is not None])
                         for key in ("steps_to_target", "steps_to_50", "steps_to_90", "auc")}
