@@ -41,10 +41,10 @@ TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_d
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
                 "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
-                "mlp_ratio", "max_len")
+                "mlp_ratio", "max_len", "layers")
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
                     "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
-                    "sigreg_weight")
+                    "sigreg_weight", "layers")
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
 
 
