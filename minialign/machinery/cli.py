@@ -20,7 +20,7 @@ from . import (bench, coco, compare, evaluate, export, replicate, report, scalin
 from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
 from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
-                    nonnegative_int, positive_float, positive_int)
+                    nonnegative_int, one_of, positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
                        Protocol, holds_runs, load_protocol)
 from .rundir import Diverged
@@ -187,6 +187,10 @@ def add_bench_args(p):
                    "the speed without them)")
     p.add_argument("--only", choices=sorted(OBJECTIVES),
                    help="benchmark one objective in this process (what each child runs)")
+    p.add_argument("--layers", dest="layer_sets", type=one_of("both", "fast", "reference"),
+                   default="both", metavar="{both,fast,reference}",
+                   help="the layer sets to time: both (fast, then reference, per objective), "
+                        "or one")
     add_config_flags(p, BENCH_FIELDS, TrainConfig())
     p.add_argument("--gemm-rows", type=positive_int, default=bench.GEMM_ROWS,
                    help="rows of the peak GEMMs, >= 1")
