@@ -130,7 +130,7 @@ def encode(params, tokens, cfg, causal=False):
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
     rows = L.token_rows(tokens != PAD, causal, params["tok_emb"].dtype)   # n real tokens
     x, c_tok = L.embedding_forward(tokens.ravel()[rows.flat], params["tok_emb"])  # (n, D)
-    p, c_pos = L.embedding_forward(rows.pos, params["pos_emb"])           # (n, D)
+    p, c_pos = L.embedding_forward(rows.pos, params["pos_emb"])           # (n, D) positions
     h = x + p                                                             # (n, D) residual stream
     blocks = []
     for i in range(cfg.n_layers):
@@ -152,7 +152,8 @@ def encode(params, tokens, cfg, causal=False):
 
 
 def encode_backward(dz, dhf, cache):
-    """Undo `encode` call for call, in reverse, in the layer set encode ran (it is in cache).
+    """Undo `encode` call for call, in reverse, in the layer set encode ran (it is in cache);
+    the comment beside each call quotes the forward line it undoes.
     dz: (B, D) gradient of the loss w.r.t. z; dhf: (n, D) w.r.t. the final hidden states hf,
     or None when the loss reads only z. When z holds two views of each caption (one encode
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
@@ -160,26 +161,24 @@ def encode_backward(dz, dhf, cache):
     grads.values() in that order, part of the rounding tests/test_reference.py pins."""
     L, rows, c_tok, c_pos, blocks, c_lnf, c_pool = cache
     grads = {}
-    dhf_rows = L.pool_backward(dz, c_pool)                                # (n, D) rows' order
-    if dhf is not None:                                                   # hf fed pool and head
-        dhf_rows[rows.caption_rows] += dhf                                # forward: hf[caption_rows]
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = L.layernorm_backward(dhf_rows, c_lnf)
+    dhf_rows = L.pool_backward(dz, c_pool)                                # z = pool(hf, rows)
+    if dhf is not None:                                                   # hf fed pool and head:
+        dhf_rows[rows.caption_rows] += dhf                                # hf[rows.caption_rows]
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = L.layernorm_backward(dhf_rows, c_lnf)  # ln_f(h)
     for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
-        g = {}                                                            # block i's, by BLOCK_PARAMS
-        # forward: h = h + m; the residual passes dh to both terms unchanged
+        g = {}                                                            # block i's gradients
         dm, g["mlp.w_out"], g["mlp.b_out"] = L.linear_backward(dh, c_out)  # m = linear(m, w_out)
         dm = L.gelu_backward(dm, c_gelu)                                  # m = gelu(m)
         dm, g["mlp.w_in"], g["mlp.b_in"] = L.linear_backward(dm, c_in)    # m = linear(m, w_in)
         dm, g["ln2.gamma"], g["ln2.beta"] = L.layernorm_backward(dm, c_ln2)  # m = ln2(h)
-        dh = dh + dm                                                      # (n, D) h fed m and h
-        # forward: h = h + a
+        dh = dh + dm                                                      # h = h + m: dh to both
         da, g["attn.w_qkv"], g["attn.b_qkv"], g["attn.w_o"], g["attn.b_o"] = \
             L.attention_backward(dh, c_att)                               # a = attention(a)
         da, g["ln1.gamma"], g["ln1.beta"] = L.layernorm_backward(da, c_ln1)  # a = ln1(h)
-        dh = dh + da                                                      # (n, D) h fed a and h
+        dh = dh + da                                                      # h = h + a: dh to both
         grads.update({f"blocks.{i}.{name}": d for name, d in g.items()})
-    # forward: h = x + p, x = tok_emb[tokens], p = pos_emb[positions]
-    grads["pos_emb"] = L.embedding_backward(dh, c_pos)                    # (T_max, D)
-    grads["tok_emb"] = L.embedding_backward(dh, c_tok)                    # (V, D)
+    # h = x + p: dh reaches both embeddings
+    grads["pos_emb"] = L.embedding_backward(dh, c_pos)                    # p = pos_emb[positions]
+    grads["tok_emb"] = L.embedding_backward(dh, c_tok)                    # x = tok_emb[tokens]
     return grads
