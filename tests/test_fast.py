@@ -17,7 +17,7 @@ from minialign.machinery.synthetic import CAPTIONS_NAME, write_world
 from minialign.model import ModelConfig, encode, encode_backward, init_params
 from minialign.objectives import OBJECTIVES, ObjectiveConfig
 from minialign.optim import adam_init
-from minialign.train import TrainConfig, train, train_step
+from minialign.train import TrainConfig, train_step
 
 FAST = ModelConfig(vocab_size=30, max_len=9, d_model=16, n_layers=2, n_heads=2, mlp_ratio=4)
 REFERENCE = dataclasses.replace(FAST, layers="reference")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..layers import GELU_A, GELU_C, LN_EPS
 from .rows import (block_rows, gemm_blocks, map_blocks, map_partition, matmul_tn_rows, row_blocks,
-                   run, sum_partials)
+                   sum_partials)
 
 SCATTER_ROUNDS = 8   # scatter_add_rows: ids read more often than this are summed one by one
 
