@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from minialign.machinery import flags
+from minialign.machinery.protocol import planned_runs
 from minialign.machinery.synthetic import write_world
 from minialign.__main__ import main
 from minialign.model import ModelConfig
@@ -35,6 +36,7 @@ TRAIN_BAD = [  # (flags, the line printed after "minialign train: error: ")
     (["--seed", "-1"], "argument --seed: must be an integer >= 0, got '-1'"),
     (["--anticollapse", "barlow"],
      "argument --anticollapse: must be one of vicreg, sigreg, got 'barlow'"),
+    (["--layers", "textbook"], "argument --layers: must be one of fast, reference, got 'textbook'"),
     (["--sigreg-weight", "-1"], "argument --sigreg-weight: must be a number >= 0, got '-1'"),
     (["--sigreg-directions", "0"],
      "argument --sigreg-directions: must be an integer >= 1, got '0'"),
@@ -157,6 +159,7 @@ def test_replicate_lr_range_must_be_increasing_when_searching(tmp_path, capsys):
     ({"model": {"max_len": 2}}, "ModelConfig: max_len=2 must be an integer >= 3"),
     ({"model": {"mlp_ratio": 0}}, "ModelConfig: mlp_ratio=0 must be an integer >= 1"),
     ({"model": {"vocab_size": 4}}, "ModelConfig: vocab_size=4 must be an integer >= 5"),
+    ({"model": {"layers": "slow"}}, "ModelConfig: layers='slow' must be one of fast, reference"),
     ({"loss": {"anticollapse": "none"}},
      "ObjectiveConfig: anticollapse='none' must be one of vicreg, sigreg"),
     ({"loss": {"sigreg_points": 1}}, "ObjectiveConfig: sigreg_points=1 must be an integer >= 2"),
@@ -213,3 +216,22 @@ def test_train_with_sigreg_end_to_end(tmp_path, capsys, objective):
     assert "var" not in rows[0] and "cov" not in rows[0]
     final = json.loads((out / "metrics.json").read_text())["final"]
     assert final["step"] == 4 and np.isfinite(final["val"]["paraphrase_R@1"])
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("train", ["--objective", "good_views", "--captions", "c.json", "--out", "o"]),
+    ("replicate", ["--captions", "c.json", "--out", "o"]),
+    ("scaling", ["--captions", "c.json", "--out", "o"])])
+def test_every_command_that_trains_takes_layers(command, extra):
+    """--layers reference reaches the config each command trains with (default: fast)."""
+    from minialign.machinery import cli
+    p = cli.parser()
+    for given, wanted in (([], "fast"), (["--layers", "reference"], "reference")):
+        args = p.parse_args([command, *extra, *given])
+        if command == "train":
+            cfg = flags.config_from_args(args, TrainConfig())
+        else:
+            protocol = (cli.protocol_from_args(args) if command == "replicate"
+                        else cli.scaling_run.protocol_from_args(args))
+            cfg = planned_runs(protocol)[0]             # one run's config, sized for scaling
+        assert cfg.model.layers == wanted

@@ -1,7 +1,8 @@
-"""The fast path the model runs: the maths of layers.py, arranged for speed (cs231n keeps
-`fast_layers.py` beside `layers.py` the same way). Read layers.py first: each function here has
-a reference there and tests/test_fast_layers.py checks that they give the same outputs and
-gradients on ragged batches. What is rearranged, and why:
+"""The fast path: the maths of layers.py, arranged for speed (cs231n keeps `fast_layers.py`
+beside `layers.py` the same way); machinery/fast.py hands it to the model under layers.py's
+names. Read layers.py first: each function here has a reference there and
+tests/test_fast_layers.py checks that they give the same outputs and gradients on ragged
+batches. What is rearranged, and why:
 
   packing       Per-token layers (embeddings, LayerNorm, linear, GELU) run on the n real tokens
                 of a batch, stacked as rows of an (n, D) array: no work on padding. The rows go
@@ -18,8 +19,8 @@ gradients on ragged batches. What is rearranged, and why:
                 have the array's dtype (a float64 scalar runs NumPy's float64 loop). The GELU
                 chain measured 1.8x faster than layers.gelu_forward (forward + backward on
                 (6873, 1024) float32).
-  row blocks    The per-token layers (fast_rows.py: embeddings, linear, LayerNorm, GELU,
-                residual adds) run as chains of passes over blocks of packed rows that stay
+  row blocks    The per-token layers (fast_rows.py: embeddings, linear, LayerNorm, GELU)
+                run as chains of passes over blocks of packed rows that stay
                 in L2 (rows.py says how big), spread over the cores by rows.py's thread pool; their sums over rows are
                 per-block partials added in block order, so the bits do not depend on the
                 thread count (tests/test_rows.py). Attention's groups and cross-entropy's
@@ -258,14 +259,15 @@ def cross_entropy_rows(logits, targets, start, stop, n, nll):
 
 
 def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
-    """model.lm_head_forward, cross_entropy_fast and model.lm_head_backward in one pass over
+    """The tied head + cross-entropy (layers.lm_head_forward, losses.cross_entropy,
+    layers.lm_head_backward; what fast.py's three calls of those names run) in one pass over
     the row blocks of rows.gemm_blocks(n) (at most 512 rows), never holding all (n, V) logits
     (150 MB at the default batch): per block, on the pool: logits = hf_b tok_emb^T (as
     rows.matmul_rows), cross_entropy_rows in place on its CE blocks, dhf_b = dlogits_b tok_emb,
     and the block's partial dlogits_b^T hf_b of dtok_emb, added in block order (as
-    rows.matmul_tn_rows): the same products on the same rows, so the same bits as the three
-    calls (tested). hf: (n, D) final hidden states of the rows with a target; tok_emb: (V, D);
-    targets: (n,) int in [0, V). Returns loss (float), dhf (n, D), dtok_emb (V, D) (the head's
+    rows.matmul_tn_rows): the same products on the same rows, so the same bits as matmul_rows,
+    cross_entropy_fast and matmul_tn_rows one after the other (tested). hf: (n, D) final
+    hidden states of the rows with a target; tok_emb: (V, D); targets: (n,) int in [0, V). Returns loss (float), dhf (n, D), dtok_emb (V, D) (the head's
     part only), stats {ce, targets (= n)}. Raises ValueError if n = 0."""
     n, D = hf.shape
     V = tok_emb.shape[0]
