@@ -24,7 +24,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "data": 2, "machinery.machine": 2, "machinery.fast_rows": 2, "machinery.fast_layers": 3,
     "machinery.rundir": 2,
     "machinery.embeddings": 2, "machinery.figures": 2, "machinery.slurm": 2,
-    "machinery.speed": 0, "machinery.jobs": 4, "machinery.scaling": 6,
+    "machinery.speed": 0, "machinery.exercises": 0, "machinery.grade": 1, "machinery.jobs": 4, "machinery.scaling": 6,
     "model": 4, "machinery.gemms": 4, "machinery.checkpoint": 4, "machinery.download": 4,
     "machinery.photos": 6,
     "objectives": 6,
@@ -44,6 +44,7 @@ LAZY_IMPORTS = {
     ("machinery.export", "torch"), ("machinery.export", "transformers"),  # optional extra
     ("machinery.coco", "machinery.download"),   # only `data` needs the network code
     ("machinery.coco", "machinery.photos"),
+    ("machinery.grade", "pytest"),              # the [test] extra: only grading needs it
 }
 IMAGE_SIDE = {"machinery.embeddings", "machinery.evaluate", "machinery.export",
               "machinery.coco", "machinery.download", "machinery.photos"}
