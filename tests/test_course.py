@@ -199,3 +199,13 @@ def test_each_exercises_tests_reach_its_body_and_only_its_needs(tmp_path):
             assert not extra, f"{t} also runs exercise(s) {sorted(extra)}: declare them as needs"
         used = set().union(*mine.values()) - {e.number}
         assert used == set(markers[e.number][1]), f"exercise {e.number} needs {sorted(used)}"
+
+
+def test_a_child_process_that_reaches_a_stub_names_it_through_its_exit_code():
+    from minialign.machinery import jobs
+    with pytest.raises(NotImplementedError, match="^exercise 3: mean pooling — see "
+                                                  "docs/course.md#exercise-3$") as err:
+        jobs.raise_unfinished([0, None, jobs.EXIT_EXERCISE + 3])
+    assert exercises.stub_number(err.value) == 3
+    assert exercises.unfinished(err.value).startswith("exercise 3 (mean pooling) is not done yet")
+    jobs.raise_unfinished([0, 1, 2, jobs.EXIT_INTERRUPTED, None])   # no stub: nothing raised

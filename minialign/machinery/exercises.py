@@ -55,9 +55,14 @@ class Exercise:
         return f"{DOCS}#exercise-{self.number}"
 
     @property
+    def message(self):
+        """What its stub's NotImplementedError says (STUB reads it back)."""
+        return f"exercise {self.number}: {self.title} — see {self.docs}"
+
+    @property
     def stub(self):
         """The line that replaces the body in the student copy."""
-        return f'raise NotImplementedError("exercise {self.number}: {self.title} — see {self.docs}")'
+        return f'raise NotImplementedError("{self.message}")'
 
 
 def parse(text, path):
@@ -180,6 +185,18 @@ def restore_solutions(copy, root=ROOT, numbers=None):
                       (Path(root) / rel).read_bytes().decode("utf-8"), rel, numbers)
         mine.write_bytes(text.encode("utf-8"))
     return paths
+
+
+def stub_number(err):
+    """N when err (an exception) is exercise N's stub's NotImplementedError, else None."""
+    stub = STUB.match(str(err)) if isinstance(err, NotImplementedError) else None
+    return int(stub[1]) if stub else None
+
+
+def stub_error(number, root=ROOT):
+    """The NotImplementedError exercise `number`'s stub raises, for a parent process to raise
+    when its child reached that stub (jobs.py), as if it had reached it itself."""
+    return NotImplementedError(find_exercises(root)[number - 1].message)
 
 
 def unfinished(err):
