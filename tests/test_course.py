@@ -209,3 +209,28 @@ def test_a_child_process_that_reaches_a_stub_names_it_through_its_exit_code():
     assert exercises.stub_number(err.value) == 3
     assert exercises.unfinished(err.value).startswith("exercise 3 (mean pooling) is not done yet")
     jobs.raise_unfinished([0, 1, 2, jobs.EXIT_INTERRUPTED, None])   # no stub: nothing raised
+
+
+# ---------------------------------------------------------------- the student's code trains
+TINY_GRID = ["--no-estimate", "--jobs", "1", "--steps", "6", "--eval-every", "3",
+             "--warmup-steps", "2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1",
+             "--batch-photos", "16", "--lr-search", "off", "--seeds", "0"]
+LAYERS = []   # the layer set the student's copy trains with
+
+
+def test_the_copy_with_its_solutions_put_back_trains_the_repositorys_table(tmp_path):
+    """make demo LAYERS=reference, small: three objectives, one seed, 6 steps of a D = 16
+    encoder on a 300-scene synthetic world, in the restored copy and in the repository."""
+    captions, embeddings = synthetic.write_world(tmp_path / "world", n_scenes=300, seed=0)
+    student = tmp_path / "student"
+    write_student_copy(student, ROOT)
+    restore_solutions(student, ROOT)
+    tables = {}
+    for name, code in [("student", student), ("repository", ROOT)]:
+        out = tmp_path / name / "grid" / "results"
+        result = run(["replicate", "--captions", str(captions), "--embeddings", str(embeddings),
+                      "--out", str(out), *TINY_GRID, *LAYERS], code)
+        assert result.returncode == 0, result.stderr[-2000:]
+        tables[name] = (out / "results.md").read_text().split("\n## Environment")[0]
+    assert "| next_token | 0." in tables["student"]
+    assert tables["student"] == tables["repository"]
