@@ -161,8 +161,8 @@ def test_the_copy_with_the_solutions_put_back_is_the_repository(copy, tmp_path):
 
 
 def blank_lines(path):
-    """The stub lines of a file, joined."""
-    return "\n".join(l for l in path.read_text().splitlines() if "raise NotImplementedError" in l)
+    """The exercise stub lines of a file, joined."""
+    return "\n".join(l for l in path.read_text().splitlines() if " — see docs/course.md#" in l)
 
 
 # ---------------------------------------------------------------- the grader
@@ -175,6 +175,26 @@ def test_grade_in_the_repository_passes_every_exercise():
     table = run(["grade", "5", "7"], ROOT).stdout.splitlines()
     assert re.match(r" 5  attention backward +passed +\d\.\de-\d\d +\d+\.\d\d  1$", table[1])
     assert re.match(r" 7  VICReg covariance term +passed +\d\.\de-\d\d +\d+\.\d\d  6$", table[2])
+
+
+def test_grade_says_failed_with_the_error_and_needs_for_an_earlier_stub(tmp_path):
+    """A wrong LayerNorm backward (dbeta doubled) fails with its relative error; attention
+    backward, solved, waits for linear backward, not done."""
+    student = tmp_path / "course"
+    write_student_copy(student, ROOT, solved=range(2, len(EXERCISES) + 1))
+    layers = student / "minialign" / "layers.py"
+    right = "dbeta = dy.reshape(-1, D).sum(axis=0)"
+    assert right in layers.read_text()
+    layers.write_text(layers.read_text().replace(right, "dbeta = 2 * dy.reshape(-1, D).sum(axis=0)"))
+    result = run(["grade", "4", "5", "6"], student)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert re.match(r" 4  LayerNorm backward +failed +5\.0e-01 ", lines[1]), lines[1]
+    assert re.match(r" 5  attention backward +needs 1 +- ", lines[2]), lines[2]
+    assert re.match(r" 6  VICReg variance term +passed ", lines[3]), lines[3]
+    assert "exercise 4, test_layernorm_backward_finite_differences: AssertionError: dbeta: " \
+           "relative error 5.0e-01 (tolerance 1e-07)" in lines
+    assert lines[-1].startswith("3 exercise(s): 1 passed, 1 failed, 0 not started, 1 needs 1, in ")
 
 
 def test_each_exercises_tests_reach_its_body_and_only_its_needs(tmp_path):

@@ -3,7 +3,7 @@
 Exercise N's tests are the tests of tests/test_exercises.py marked `exercise<N>` (pytest -m
 exerciseN runs them alone); pyproject.toml registers each marker with its title and the
 earlier exercises its tests call, e.g. "exercise5: attention backward (needs 1)". pytest runs
-here, in this process, with Collector as a plugin. A row reads
+here, in this process, with Collector as a plugin (its own output hidden). A row reads
 
     N  title  status  largest relative error  seconds  needs
 
@@ -12,6 +12,8 @@ exercises.py), "needs M" (a test reached the stub of an earlier exercise M: do M
 "failed" (some test failed); largest relative error: the largest `rel_err` a test recorded
 (record_property), "-" if none did.
 """
+import contextlib
+import io
 import json
 import re
 import time
@@ -89,12 +91,14 @@ def grade(numbers=None, root=ROOT):
         raise FileNotFoundError(f"{tests}: grading needs the tests beside the code; run it in "
                                 f"the repository or a student copy (pip install -e)")
     collector = Collector()
-    code = pytest.main([str(tests), "-p", "no:cacheprovider", "-p", "no:terminal",
-                        "--rootdir", str(root), "-c", str(root / "pyproject.toml"),
-                        "-m", " or ".join(f"exercise{n}" for n in numbers)], plugins=[collector])
+    with contextlib.redirect_stdout(io.StringIO()) as output:     # the table says it all
+        code = pytest.main([str(tests), "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
+                            "-c", str(root / "pyproject.toml"),
+                            "-m", " or ".join(f"exercise{n}" for n in numbers)],
+                           plugins=[collector])
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        raise ValueError(f"pytest could not run {tests} (exit code {int(code)}): "
-                         f"`python -m pytest {TESTS} -m exercise{numbers[0]}` shows why")
+        last = (output.getvalue().strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"pytest could not run {tests} (exit code {int(code)}): {last}")
     rows = []
     for n in numbers:
         mine = [dict(t, test=nodeid.split("::", 1)[-1]) for nodeid, t in collector.tests.items()
@@ -122,9 +126,10 @@ def format_table(rows, seconds):
         for t in r["tests"]:
             if r["status"] == "failed" and t["outcome"] == "failed":
                 lines.append(f"exercise {r['number']}, {t['test']}: {t['message']}")
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("passed", "failed", "not started")}
-    lines.append(f"{len(rows)} exercise(s): {counts['passed']} passed, {counts['failed']} failed, "
-                 f"{counts['not started']} not started, in {seconds:.1f} s "
+    statuses = ["passed", "failed", "not started"] + sorted(
+        {r["status"] for r in rows} - {"passed", "failed", "not started"})
+    counts = ", ".join(f"{sum(r['status'] == s for r in rows)} {s}" for s in statuses)
+    lines.append(f"{len(rows)} exercise(s): {counts}, in {seconds:.1f} s "
                  f"(one alone: python -m minialign grade N, or pytest -m exerciseN)")
     return "\n".join(lines)
 
