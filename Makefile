@@ -10,7 +10,12 @@ IMAGE_EVAL ?= on
 OBJECTIVE  ?= good_views
 STEPS      ?= 3000
 SEED       ?= 0
-RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)
+# LAYERS=reference: train on minialign/layers.py, the readable layer set (slower, same maths
+# within float rounding); fast (default): machinery/fast.py. Every target that trains takes it,
+# and writes into a directory whose name ends in -reference.
+LAYERS     ?= fast
+LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
+RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)$(LAYERS_SUFFIX)
 
 .PHONY: install install-export test data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
         eta eta-quick report scaling eta-scaling scaling-demo exercises grade
@@ -46,9 +51,10 @@ FORCE      ?=
 train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME=1 | FORCE=1]
 	$(CHECK_CAPTIONS)
 	$(PY) -m minialign train --objective $(OBJECTIVE) --captions $(CAPTIONS) \
-	    --steps $(STEPS) --seed $(SEED) --out $(RUN) $(if $(RESUME),--resume) $(if $(FORCE),--force)
+	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) --out $(RUN) $(if $(RESUME),--resume) \
+	    $(if $(FORCE),--force)
 
-bench:
+bench:              ## ms/step of each objective, on the fast and on the reference layer set
 	$(PY) -m minialign bench
 
 TORCH_PAIR ?= ../shared/bench/torch_pair.py
@@ -61,7 +67,7 @@ bench-torch:        ## minialign vs PyTorch eager on the same batch, A B A B (ne
 # ANTICOLLAPSE=sigreg: every objective with LeJEPA's SIGReg in place of VICReg's variance +
 # covariance (--anticollapse), into its own results directory (the name ends in -sigreg).
 ANTICOLLAPSE ?= vicreg
-AC_SUFFIX   = $(if $(filter sigreg,$(ANTICOLLAPSE)),-sigreg)
+AC_SUFFIX   = $(if $(filter sigreg,$(ANTICOLLAPSE)),-sigreg)$(LAYERS_SUFFIX)  # and -reference (LAYERS)
 RESULTS    ?= results/coco$(AC_SUFFIX)
 QUICK      ?= results/coco-quick$(AC_SUFFIX)
 DEMO       ?= results/synthetic$(AC_SUFFIX)
@@ -75,7 +81,7 @@ JOBS       ?=
 THREADS    ?=
 JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS)) $(if $(THREADS),--threads $(THREADS))
 REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
-	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) $(JOBS_FLAG)
+	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) $(JOBS_FLAG)
 
 replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-3 + per-objective lr search
 	$(CHECK_CAPTIONS)
@@ -99,7 +105,8 @@ CHECK_QUICK = @test -n "$(QUICK_CAPTIONS)" || { echo 'no captions file: none of 
 	`make data` creates one' >&2; exit 2; }
 QUICK_ARGS = --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
 	--image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
-	--warmup-steps 20 --eval-every 50 --lr-search off --anticollapse $(ANTICOLLAPSE) $(JOBS_FLAG)
+	--warmup-steps 20 --eval-every 50 --lr-search off --anticollapse $(ANTICOLLAPSE) \
+	--layers $(LAYERS) $(JOBS_FLAG)
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
 	$(CHECK_QUICK)
 	$(PY) -m minialign replicate $(QUICK_ARGS) --no-estimate
@@ -116,7 +123,7 @@ demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr se
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
 	    --steps 100 --batch-photos 64 --warmup-steps 10 --eval-every 10 --lr 3.16e-3 \
 	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4 \
-	    --anticollapse $(ANTICOLLAPSE)
+	    --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS)
 
 demo-compare:       ## after `make demo` and `make demo ANTICOLLAPSE=sigreg`: VICReg vs SIGReg side by side
 	$(PY) -m minialign report results/synthetic results/synthetic-sigreg
@@ -132,10 +139,10 @@ report:             ## rebuild results.md, results.json and the figures: make re
 # with the embeddings scores the finished runs without retraining. GRID=plus (default): widths
 # 64 128 256 512 at L=4 and depths 2 4 8 at D=256, 6 sizes x 3 objectives x 3 seeds = 54 runs
 # of 3000 steps x 256 photos at lr 1e-3; GRID=cross: every width x depth, 12 sizes, 108 runs.
-SCALING      ?= results/coco-scaling
+SCALING      ?= results/coco-scaling$(LAYERS_SUFFIX)
 GRID         ?= plus
 SCALING_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
-	--out $(SCALING) --grid $(GRID) $(JOBS_FLAG)
+	--out $(SCALING) --grid $(GRID) --layers $(LAYERS) $(JOBS_FLAG)
 
 scaling:            ## encoder sizes x 3 objectives x seeds 0-2 at the replication's steps, batch, lr
 	$(CHECK_CAPTIONS)
@@ -147,13 +154,13 @@ eta-scaling:        ## the sweep's plan and time here and on a cluster (times ev
 
 # A few minutes on the SYNTHETIC world: widths 16 32 64 at L=1 and depths 1 2 at D=32
 # (4 sizes) x 3 objectives x seeds 0 1, 100 steps x 64 photos at the demo's lr.
-SCALING_DEMO ?= results/synthetic-scaling
+SCALING_DEMO ?= results/synthetic-scaling$(LAYERS_SUFFIX)
 scaling-demo: $(DEMO_WORLD)/captions_synthetic.json  ## the sweep on the synthetic world, minutes
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign scaling \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(SCALING_DEMO) \
 	    --widths 16 32 64 --depths 1 2 --center 32 1 --seeds 0 1 --steps 100 --batch-photos 64 \
-	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --no-estimate $(JOBS_FLAG)
+	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --layers $(LAYERS) --no-estimate $(JOBS_FLAG)
 
 # ---- the course kit (docs/course.md): a student copy with every exercise blanked, and the grader
 OUT        ?=

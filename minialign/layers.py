@@ -14,13 +14,22 @@ are constants and get none). A cache is a plain tuple the caller holds, so one l
 twice (two views) before any backward. Layers never cast (float64 in the gradient checks,
 float32 in training) and never write into their `dy` or cache.
 
-This module is the reference. The model runs the fast path (machinery/fast_layers.py:
-attention, pooling, cross-entropy on a packed row layout; machinery/fast_rows.py: the per-token
-layers in row blocks over the cores), each layer tested against its reference here.
+This module is the reference, and model.encode is written in its calls. The same names with
+the same signatures, arranged for speed, are the fast set (machinery/fast.py over fast_layers.py
+and fast_rows.py: length-sorted rows, attention per group of one length, row blocks over the
+cores, the tied head fused with cross-entropy); ModelConfig.layers picks one ("reference": this
+module, `--layers reference`). The fast set is tested against this one (tests/test_fast.py).
+
+The set's interface, what encode and next_token call: token_rows; embedding_*, layernorm_*,
+linear_*, gelu_*; attention_* and pool_* (the batch's real tokens as rows, section at the end);
+lm_head_* and cross_entropy (losses.cross_entropy, imported here so the set is one module).
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
+
+from .losses import cross_entropy  # next_token's loss: one of the set's names, as it is
 
 LN_EPS = 1e-5  # variance floor inside LayerNorm (GPT-2 / PyTorch default)
 GELU_C = math.sqrt(2.0 / math.pi)  # tanh approximation of GELU (Hendrycks & Gimpel 2016, sec. 2)
@@ -96,7 +105,7 @@ def layernorm_backward(dy, cache):
 def gelu_forward(x):
     """GELU, tanh approximation: y = x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2/pi), a = 0.044715
     (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache.
-    The model runs fast_rows.gelu_forward_fast, the same formula as in-place passes."""
+    The fast set runs fast_rows.gelu_forward_fast, the same formula as in-place passes."""
     th = np.tanh(GELU_C * (x + GELU_A * x**3))                            # (...)
     y = 0.5 * x * (1.0 + th)                                              # (...)
     return y, (x, th)
@@ -200,3 +209,77 @@ def mean_pool_backward(dz, cache):
     """dz: (n_seqs, D) -> dh (n, D) = P^T dz."""
     (P,) = cache
     return P.T @ dz                                                       # (n, D)
+
+
+# ---------------------------------------------------------------- the batch as rows of real tokens
+class TokenRows(NamedTuple):
+    """Where the n real tokens of a (B, T) batch sit as the rows of the (n, D) arrays the
+    per-token layers run on. Here: batch order, caption after caption (tokens[mask])."""
+    flat: np.ndarray          # (n,) b * T + t of each row's token in the (B, T) batch
+    pos: np.ndarray           # (n,) its position t
+    seq: np.ndarray           # (n,) its caption b
+    mask: np.ndarray          # (B, T) bool, True at real tokens
+    bias: np.ndarray          # attention_bias of the batch, (B, 1, 1, T) or (B, 1, T, T)
+    caption_rows: np.ndarray  # (n,) the row of each token of tokens[tokens != PAD]: all, in order
+
+
+def token_rows(mask, causal, dtype):
+    """The rows of a batch: its real tokens in batch order. mask: (B, T) bool, True at real
+    tokens; causal: the attention bias also hides later tokens; dtype: the bias's float dtype.
+    Returns a TokenRows."""
+    B, T = mask.shape
+    flat = np.flatnonzero(mask)                                           # (n,) b * T + t
+    seq, pos = np.divmod(flat, T)                                         # (n,), (n,)
+    # a caption with no token reads its own padding: its outputs are never read, and no
+    # softmax row is all -inf (which would be NaN and reach the weights' gradients as 0 * NaN)
+    keys = mask | ~mask.any(axis=1, keepdims=True)                        # (B, T)
+    return TokenRows(flat=flat, pos=pos, seq=seq, mask=mask,
+                     bias=attention_bias(keys, causal, dtype), caption_rows=np.arange(len(flat)))
+
+
+def attention_forward(x, w_qkv, b_qkv, w_o, b_o, rows, n_heads):
+    """mha_forward on the rows of real tokens: put them back on the (B, T, D) grid (zeros at
+    padding), run the dense attention with the batch's bias, keep the real tokens' outputs.
+    x: (n, D) rows of token_rows(...) = rows; weights as mha_forward. Returns y (n, D), a cache."""
+    grid = np.zeros((*rows.mask.shape, x.shape[1]), dtype=x.dtype)       # (B, T, D)
+    grid[rows.mask] = x                                                   # real tokens in place
+    y, c_mha = mha_forward(grid, w_qkv, b_qkv, w_o, b_o, rows.bias, n_heads)  # (B, T, D)
+    return y[rows.mask], (c_mha, rows.mask)                               # (n, D)
+
+
+def attention_backward(dy, cache):
+    """dy: (n, D) -> dx (n, D), dw_qkv (D, 3D), db_qkv (3D,), dw_o (D, D), db_o (D,)."""
+    c_mha, mask = cache
+    dgrid = np.zeros((*mask.shape, dy.shape[1]), dtype=dy.dtype)          # (B, T, D)
+    dgrid[mask] = dy                                  # forward: y[mask]; padding outputs unread
+    dx, dw_qkv, db_qkv, dw_o, db_o = mha_backward(dgrid, c_mha)           # dx (B, T, D)
+    return dx[mask], dw_qkv, db_qkv, dw_o, db_o                           # forward: grid[mask] = x
+
+
+def pool_forward(h, rows):
+    """mean_pool_forward over the rows' captions: z[b] = mean of caption b's rows.
+    h: (n, D) rows of token_rows(...) = rows. Returns z (B, D) and a cache."""
+    return mean_pool_forward(h, rows.seq, rows.mask.shape[0])             # (B, D)
+
+
+def pool_backward(dz, cache):
+    """dz: (B, D) -> dh (n, D)."""
+    return mean_pool_backward(dz, cache)                                  # (n, D)
+
+
+# ---------------------------------------------------------------- the tied next-token head
+def lm_head_forward(hf, tok_emb):
+    """Next-token logits with the output matrix tied to the token embedding (Press & Wolf 2017):
+    logits = hf @ tok_emb^T, no bias, so the head adds no parameters.
+    hf: (n, D) final hidden states at the positions that have a target; tok_emb: (V, D).
+    Returns logits (n, V) and a cache."""
+    logits = hf @ tok_emb.T                                               # (n, V)
+    return logits, (hf, tok_emb)
+
+
+def lm_head_backward(dlogits, cache):
+    """dlogits: (n, V) -> dhf (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
+    hf, tok_emb = cache
+    dhf = dlogits @ tok_emb                                               # (n, D)
+    dtok_emb = dlogits.T @ hf                                             # (V, D) sum over rows
+    return dhf, dtok_emb

@@ -1,5 +1,11 @@
 """The text encoder: token + position embeddings -> L pre-LN transformer blocks -> final
-LayerNorm -> masked mean pool -> one D-dim caption embedding z. Plus the tied next-token head.
+LayerNorm -> masked mean pool -> one D-dim caption embedding z.
+
+encode and encode_backward are written once, in the calls of a layer set: minialign/layers.py,
+the readable reference, or machinery/fast.py, the fast path under the same names (packed rows
+sorted by length, attention per group of one length, row blocks over the cores). The config
+picks one (ModelConfig.layers, `--layers`), in one place: layer_set. The tied next-token head
+is the set's lm_head_forward / lm_head_backward (objectives.next_token).
 
 Parameters and gradients are two flat dicts with the same keys:
     tok_emb (V, D), pos_emb (T_max, D),
@@ -7,20 +13,15 @@ Parameters and gradients are two flat dicts with the same keys:
     blocks.{i}.attn.w_o (D, D), .b_o (D,), blocks.{i}.ln2.gamma/beta (D,),
     blocks.{i}.mlp.w_in (D, F), .b_in (F,), blocks.{i}.mlp.w_out (F, D), .b_out (D,),
     ln_f.gamma/beta (D,).
-BLOCK_PARAMS names a block's twelve, in the order init_params, encode and encode_backward use.
+BLOCK_PARAMS names a block's twelve, in the order init_params and encode use.
 Names: h is the residual stream, hf = ln_f(h) the final hidden states, z their pooled mean.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
-from .machinery.fast_layers import (mean_pool_backward_fast, mean_pool_forward_fast,
-                                    mha_backward_fast, mha_forward_fast, packed_layout)
-from .machinery.fast_rows import (add_rows, embedding_backward_rows, embedding_forward_rows,
-                                  gelu_backward_fast, gelu_forward_fast, layernorm_backward_rows,
-                                  layernorm_forward_rows, linear_backward_rows,
-                                  linear_forward_rows)
-from .machinery.rows import matmul_rows, matmul_tn_rows
+from . import layers
+from .machinery import fast   # the fast set: layers.py's names over the fast path
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -28,27 +29,58 @@ MIN_MAX_LEN = 3  # the shortest max_len that holds BOS, one word and EOS (tokeni
 # one block's parameters; blocks.{i}.<name> in the dicts (block_keys)
 BLOCK_PARAMS = ("ln1.gamma", "ln1.beta", "attn.w_qkv", "attn.b_qkv", "attn.w_o", "attn.b_o",
                 "ln2.gamma", "ln2.beta", "mlp.w_in", "mlp.b_in", "mlp.w_out", "mlp.b_out")
+LAYER_SETS = {"fast": fast, "reference": layers}  # ModelConfig.layers -> the module encode calls
+RANGES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,       # check_fields' number ranges
+          "in [0, 1]": lambda v: 0 <= v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
+
+
+def check_fields(config, integers=(), numbers=(), choices=()):
+    """The range checks of a config dataclass (ModelConfig, objectives.ObjectiveConfig,
+    train.TrainConfig; the ranges the command line's flags.py types enforce): integers
+    {field: lowest}, an int (not a bool) >= lowest; numbers {field: a RANGES key}, a finite
+    int or float in that range; choices {field: allowed words}.
+    Raises ValueError, one line naming the class, the field and its range."""
+    where = type(config).__name__
+    for name, allowed in dict(choices).items():
+        value = getattr(config, name)
+        if value not in allowed:
+            raise ValueError(f"{where}: {name}={value!r} must be one of {', '.join(allowed)}")
+    for name, low in dict(integers).items():
+        value = getattr(config, name)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{where}: {name}={value!r} must be an integer >= {low}")
+    for name, allowed in dict(numbers).items():
+        value = getattr(config, name)
+        if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
+                or not np.isfinite(value) or not RANGES[allowed](value)):
+            raise ValueError(f"{where}: {name}={value!r} must be a number {allowed}")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the text encoder. Defaults: the replication's 4-layer, width-256 encoder."""
+    """Shape of the text encoder, and the layer set it runs on. Defaults: the replication's
+    4-layer, width-256 encoder on the fast set."""
     vocab_size: int = 6000      # V, set from the tokenizer built on the training captions
     max_len: int = 64           # T_max: learned positions, captions are truncated to this
     d_model: int = 256          # D
     n_layers: int = 4           # L
     n_heads: int = 4            # H (D must divide by H)
     mlp_ratio: int = 4          # F = mlp_ratio * D
+    layers: str = "fast"        # "fast" (machinery/fast.py) | "reference" (layers.py): same maths
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range."""
-        for name, low in (("vocab_size", len(SPECIALS)), ("max_len", MIN_MAX_LEN),
-                          ("d_model", 1), ("n_layers", 1), ("n_heads", 1), ("mlp_ratio", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ValueError(f"ModelConfig: {name}={value!r} must be an integer >= {low}")
+        check_fields(self, choices={"layers": tuple(LAYER_SETS)},
+                     integers={"vocab_size": len(SPECIALS), "max_len": MIN_MAX_LEN, "d_model": 1,
+                               "n_layers": 1, "n_heads": 1, "mlp_ratio": 1})
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+
+
+def layer_set(cfg):
+    """The layer set the model runs (cfg: a ModelConfig): minialign/layers.py for
+    cfg.layers = "reference", machinery/fast.py for "fast". The one switch between them."""
+    return LAYER_SETS[cfg.layers]
 
 
 def init_params(cfg, rng, dtype=np.float32):
@@ -85,93 +117,68 @@ def block_keys(i):
 
 
 def encode(params, tokens, cfg, causal=False):
-    """Caption embeddings of a batch of token ids.
+    """Caption embeddings of a batch of token ids, through the layer set of cfg (layer_set).
     tokens: (B, T) int, PAD (0) after each caption's last token; T <= cfg.max_len.
     causal: each token reads only itself and earlier tokens (next-token training) instead of
-    the whole caption. Per-token layers run on the n real tokens only, as rows laid out
-    caption by caption, sorted by length (fast_layers.packed_layout: attention reads each
-    group of equal-length captions as a view of its rows, and pooling is a segment mean), in
-    blocks of rows spread over the cores (machinery/fast_rows.py, machinery/rows.py).
+    the whole caption. The per-token layers run on the n real tokens only, the rows of an
+    (n, D) array (token_rows says where each token sits); attention reads them per caption.
     Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""
+    L = layer_set(cfg)                                                    # layers.py or fast.py
     B, T = tokens.shape
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
-    mask = tokens != PAD                                                  # (B, T) real tokens
-    layout = packed_layout(mask, causal, params["tok_emb"].dtype)         # rows sorted by length
-    # h = tok_emb[tokens] + pos_emb[positions]
-    h, c_emb = embedding_forward_rows(tokens.ravel()[layout.flat], layout.pos, params["tok_emb"],
-                                      params["pos_emb"])                  # (n, D)
+    rows = L.token_rows(tokens != PAD, causal, params["tok_emb"].dtype)   # n real tokens
+    x, c_tok = L.embedding_forward(tokens.ravel()[rows.flat], params["tok_emb"])  # (n, D)
+    p, c_pos = L.embedding_forward(rows.pos, params["pos_emb"])           # (n, D) positions
+    h = x + p                                                             # (n, D) residual stream
     blocks = []
     for i in range(cfg.n_layers):
         (ln1_gamma, ln1_beta, w_qkv, b_qkv, w_o, b_o,
          ln2_gamma, ln2_beta, w_in, b_in, w_out, b_out) = (params[k] for k in block_keys(i))
-        a, c_ln1 = layernorm_forward_rows(h, ln1_gamma, ln1_beta)         # (n, D)
-        a, c_att = mha_forward_fast(a, w_qkv, b_qkv, w_o, b_o, layout.groups, cfg.n_heads)
-        h = add_rows(h, a)                                                # (n, D) residual
-        m, c_ln2 = layernorm_forward_rows(h, ln2_gamma, ln2_beta)         # (n, D)
-        m, c_in = linear_forward_rows(m, w_in, b_in)                      # (n, F)
-        m, c_gelu = gelu_forward_fast(m)                                  # (n, F)
-        m, c_out = linear_forward_rows(m, w_out, b_out)                   # (n, D)
-        h = add_rows(h, m)                                                # (n, D) residual
+        a, c_ln1 = L.layernorm_forward(h, ln1_gamma, ln1_beta)            # (n, D)
+        a, c_att = L.attention_forward(a, w_qkv, b_qkv, w_o, b_o, rows, cfg.n_heads)  # (n, D)
+        h = h + a                                                         # (n, D) residual
+        m, c_ln2 = L.layernorm_forward(h, ln2_gamma, ln2_beta)            # (n, D)
+        m, c_in = L.linear_forward(m, w_in, b_in)                         # (n, F)
+        m, c_gelu = L.gelu_forward(m)                                     # (n, F)
+        m, c_out = L.linear_forward(m, w_out, b_out)                      # (n, D)
+        h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
-    hf, c_lnf = layernorm_forward_rows(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
-    z, c_pool = mean_pool_forward_fast(hf, layout)                        # (B, D)
-    # hf back in the order of tokens[tokens != PAD], the order next-token targets use
-    return z, hf[layout.caption_rows], (c_emb, blocks, c_lnf, c_pool, layout)
+    hf, c_lnf = L.layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
+    z, c_pool = L.pool_forward(hf, rows)                                  # (B, D)
+    # hf in the order of tokens[tokens != PAD], the order next-token targets use
+    return z, hf[rows.caption_rows], (L, rows, c_tok, c_pos, blocks, c_lnf, c_pool)
 
 
 def encode_backward(dz, dhf, cache):
-    """Undo `encode` call for call, in reverse.
+    """Undo `encode` call for call, in reverse, in the layer set encode ran (it is in cache);
+    the comment beside each call quotes the forward line it undoes.
     dz: (B, D) gradient of the loss w.r.t. z; dhf: (n, D) w.r.t. the final hidden states hf,
     or None when the loss reads only z. When z holds two views of each caption (one encode
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
-    Returns {name: gradient}, the keys of params."""
-    c_emb, blocks, c_lnf, c_pool, layout = cache
+    Returns {name: gradient}, the keys of params, in the order computed: clip_grad_norm sums
+    grads.values() in that order, part of the rounding tests/test_reference.py pins."""
+    L, rows, c_tok, c_pos, blocks, c_lnf, c_pool = cache
     grads = {}
-    dhf_rows = mean_pool_backward_fast(dz, c_pool)                        # (n, D) layout order
-    if dhf is not None:                                                   # hf fed pool and head
-        dhf_rows[layout.caption_rows] += dhf                              # forward: hf[caption_rows]
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = layernorm_backward_rows(dhf_rows, c_lnf)
+    dhf_rows = L.pool_backward(dz, c_pool)                                # z = pool(hf, rows)
+    if dhf is not None:                                                   # hf fed pool and head:
+        dhf_rows[rows.caption_rows] += dhf                                # hf[rows.caption_rows]
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = L.layernorm_backward(dhf_rows, c_lnf)  # ln_f(h)
     for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
-        # forward: h = h + mlp(ln2(h)); the residual passes dh through unchanged
-        dm, dw_out, db_out = linear_backward_rows(dh, c_out)              # (n, F)
-        dm = gelu_backward_fast(dm, c_gelu)                               # (n, F)
-        dm, dw_in, db_in = linear_backward_rows(dm, c_in)                 # (n, D)
-        dm, dln2_gamma, dln2_beta = layernorm_backward_rows(dm, c_ln2)    # (n, D)
-        dh = add_rows(dh, dm)                                             # (n, D)
-        # forward: h = h + attn(ln1(h))
-        da, dw_qkv, db_qkv, dw_o, db_o = mha_backward_fast(dh, c_att)     # (n, D)
-        da, dln1_gamma, dln1_beta = layernorm_backward_rows(da, c_ln1)    # (n, D)
-        dh = add_rows(dh, da)                                             # (n, D)
-        # in the order computed above: clip_grad_norm sums grads.values() in dict order, and
-        # that order is part of the float rounding tests/test_reference.py pins
-        key = dict(zip(BLOCK_PARAMS, block_keys(i)))                      # "ln1.gamma" -> full key
-        grads.update({key["mlp.w_out"]: dw_out, key["mlp.b_out"]: db_out,
-                      key["mlp.w_in"]: dw_in, key["mlp.b_in"]: db_in,
-                      key["ln2.gamma"]: dln2_gamma, key["ln2.beta"]: dln2_beta,
-                      key["attn.w_qkv"]: dw_qkv, key["attn.b_qkv"]: db_qkv,
-                      key["attn.w_o"]: dw_o, key["attn.b_o"]: db_o,
-                      key["ln1.gamma"]: dln1_gamma, key["ln1.beta"]: dln1_beta})
-    # forward: h = tok_emb[tokens] + pos_emb[positions]
-    dtok_emb, dpos_emb = embedding_backward_rows(dh, c_emb)               # (V, D), (T_max, D)
-    grads["pos_emb"], grads["tok_emb"] = dpos_emb, dtok_emb               # the pinned dict order
+        g = {}                                                            # block i's gradients
+        dm, g["mlp.w_out"], g["mlp.b_out"] = L.linear_backward(dh, c_out)  # m = linear(m, w_out)
+        dm = L.gelu_backward(dm, c_gelu)                                  # m = gelu(m)
+        dm, g["mlp.w_in"], g["mlp.b_in"] = L.linear_backward(dm, c_in)    # m = linear(m, w_in)
+        dm, g["ln2.gamma"], g["ln2.beta"] = L.layernorm_backward(dm, c_ln2)  # m = ln2(h)
+        dh = dh + dm                                                      # h = h + m: dh to both
+        da, g["attn.w_qkv"], g["attn.b_qkv"], g["attn.w_o"], g["attn.b_o"] = \
+            L.attention_backward(dh, c_att)                               # a = attention(a)
+        da, g["ln1.gamma"], g["ln1.beta"] = L.layernorm_backward(da, c_ln1)  # a = ln1(h)
+        dh = dh + da                                                      # h = h + a: dh to both
+        grads.update({f"blocks.{i}.{name}": d for name, d in g.items()})
+    # h = x + p: dh reaches both embeddings
+    grads["pos_emb"] = L.embedding_backward(dh, c_pos)                    # p = pos_emb[positions]
+    grads["tok_emb"] = L.embedding_backward(dh, c_tok)                    # x = tok_emb[tokens]
     return grads
-
-
-def lm_head_forward(hf, tok_emb):
-    """Next-token logits with the output matrix tied to the token embedding (Press & Wolf 2017):
-    logits = hf @ tok_emb^T, no bias, so the head adds no parameters.
-    hf: (n, D) final hidden states at the positions that have a target; tok_emb: (V, D).
-    Returns logits (n, V) and a cache."""
-    logits = matmul_rows(hf, tok_emb.T)                                   # (n, V) row blocks
-    return logits, (hf, tok_emb)
-
-
-def lm_head_backward(dlogits, cache):
-    """dlogits: (n, V) -> dhf (n, D), dtok_emb (V, D) (to be added to the embedding's own)."""
-    hf, tok_emb = cache
-    dhf = matmul_rows(dlogits, tok_emb)                                   # (n, D) row blocks
-    dtok_emb = matmul_tn_rows(dlogits, hf)                                # (V, D) sum over rows
-    return dhf, dtok_emb

@@ -24,15 +24,13 @@ batch: data.Batch with tokens_a, tokens_b (B, T) int32; cfg: train.TrainConfig, 
 objective reads cfg.model (ModelConfig) and cfg.loss (ObjectiveConfig, below); rng: numpy
 Generator (bad_views' masks, SIGReg's directions). The text model never sees anything from images.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT,
                      sigreg_directions, sigreg_loss, vicreg_loss)
-# the tied head + losses.cross_entropy, fused over row blocks (same bits as the 3 calls, tested)
-from .machinery.fast_layers import tied_head_cross_entropy_fast
-from .model import encode, encode_backward
+from .model import check_fields, encode, encode_backward, layer_set
 from .tokenizer import MASK, PAD, SPECIALS
 
 
@@ -59,23 +57,11 @@ class ObjectiveConfig:
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range (the same ranges the
         command line's flags.py types enforce)."""
-        if self.anticollapse not in ANTICOLLAPSE:
-            raise ValueError(f"ObjectiveConfig: anticollapse={self.anticollapse!r} must be one "
-                             f"of {', '.join(ANTICOLLAPSE)}")
-        for name, low in (("sigreg_directions", 1), ("sigreg_points", 2)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ValueError(f"ObjectiveConfig: {name}={value!r} must be an integer >= {low}")
-        ranges = {"mask_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
-                  "sigreg_t_max": (lambda v: v > 0, "> 0")}
-        for f in fields(self):
-            if f.name in ("anticollapse", "sigreg_directions", "sigreg_points"):
-                continue
-            ok, allowed = ranges.get(f.name, (lambda v: v >= 0, ">= 0"))
-            value = getattr(self, f.name)
-            if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
-                    or not np.isfinite(value) or not ok(value)):
-                raise ValueError(f"ObjectiveConfig: {f.name}={value!r} must be a number {allowed}")
+        check_fields(self, choices={"anticollapse": ANTICOLLAPSE},
+                     integers={"sigreg_directions": 1, "sigreg_points": 2},
+                     numbers={"mask_rate": "in [0, 1)", "sim_weight": ">= 0", "var_weight": ">= 0",
+                              "cov_weight": ">= 0", "anticollapse_weight": ">= 0",
+                              "sigreg_weight": ">= 0", "sigreg_t_max": "> 0"})
 
 
 def good_views(params, batch, cfg, rng):
@@ -107,17 +93,18 @@ def next_token(params, batch, cfg, rng):
     """Each caption predicts its own next word under causal attention (cross-entropy through the
     tied head), plus the same anti-collapse terms (VICReg's variance + covariance, or SIGReg) on
     the two captions of each photo, weighted by anticollapse_weight (no invariance). The head
-    reads the token embedding, so tok_emb sums two gradients."""
+    reads the token embedding, so tok_emb sums two gradients. The fast set runs the head's
+    three calls as one fused pass that never holds all (n_t, V) logits (machinery/fast.py)."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=True)         # <- (2B, D), (n, D)
     loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng,  # <- no invariance,
                                           sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
-    # <- tied head -> cross-entropy -> head backward (model.lm_head_forward, losses.cross_entropy,
-    # <- model.lm_head_backward), fused over row blocks: all (n_t, V) logits never exist at once
-    ce_loss, dh_real, dtok_emb, ce_stats = tied_head_cross_entropy_fast(  # <- (n_t, D), (V, D)
-        hf[has_target], params["tok_emb"], targets[has_target])           # <-
+    L = layer_set(cfg.model)                                              # <- encode's layer set
+    logits, c_head = L.lm_head_forward(hf[has_target], params["tok_emb"])  # <- (n_t, V) tied
+    ce_loss, dlogits, ce_stats = L.cross_entropy(logits, targets[has_target])  # <- (n_t, V)
+    dh_real, dtok_emb = L.lm_head_backward(dlogits, c_head)               # <- (n_t, D), (V, D)
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
     dhf[has_target] = dh_real                                             # <- no gradient
     grads = encode_backward(np.concatenate([dz_a, dz_b]), dhf, cache)  # <-

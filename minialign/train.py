@@ -14,11 +14,11 @@ import numpy as np
 
 from .machinery.checkpoint import (CHECKPOINT_SECONDS, open_run, resume_run, run_state,
                                    save_checkpoint)
-from .machinery.files import append_line, check_fields
+from .machinery.files import append_line
 from .machinery.monitor import Progress, evaluate_val, finish, prepare, print_start, run_info
 from .machinery.rundir import finished_run, open_log, record_divergence, start_run
 from .data import SPLIT_SEED, sample_batch
-from .model import ModelConfig, init_params
+from .model import ModelConfig, check_fields, init_params
 from .objectives import OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 
@@ -44,7 +44,7 @@ class TrainConfig:
     loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # masking rate, VICReg weights
 
     def __post_init__(self):
-        """Raises ValueError naming the field and its valid range (files.check_fields)."""
+        """Raises ValueError naming the field and its valid range (model.check_fields)."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")

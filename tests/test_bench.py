@@ -99,7 +99,8 @@ def test_run_bench_tiny_json(tmp_path, capsys):
     results = run_bench(args)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines == results
-    assert [r["objective"] for r in results] == list(OBJECTIVES)
+    assert [(r["objective"], r["layers"]) for r in results] == [
+        (name, layers) for name in OBJECTIVES for layers in ("fast", "reference")]
     for r in results:
         for key in KEYS[1:-1]:
             assert math.isfinite(r[key]) and r[key] > 0, (r["objective"], key, r[key])
@@ -117,11 +118,11 @@ def test_negative_non_gemm_share_is_printed_as_host_noise(capsys):
     print_row(row)                                           # the replay outran the step
     print_row(dict(row, gemm_ms=2709, non_gemm_share=0.2))
     assert capsys.readouterr().out.splitlines() == [
-        "good_views   16     5000    3386 (3300)      40.00     11.8      50.0     24%    3666"
-        "      <0*     700",
+        "good_views  fast       16     5000    3386 (3300)      40.00     11.8      50.0     24%"
+        "    3666      <0*     700",
         "  * non-GEMM <0: the GEMM replay was slower than the whole step (host noise); rerun",
-        "good_views   16     5000    3386 (3300)      40.00     11.8      50.0     24%    2709"
-        "      20%     700"]
+        "good_views  fast       16     5000    3386 (3300)      40.00     11.8      50.0     24%"
+        "    2709      20%     700"]
 
 
 def test_use_cores_sets_numpy_blas_threads_and_refuses_zero():

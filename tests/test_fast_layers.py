@@ -9,7 +9,7 @@ from gradcheck import check_layer, numerical_grad, rel_err
 from minialign.layers import (attention_bias, gelu_backward, gelu_forward, mean_pool_backward,
                               mean_pool_forward, mha_backward, mha_forward)
 from minialign.losses import cross_entropy
-from minialign.machinery import rows
+from minialign.machinery import fast, rows
 from minialign.machinery.fast_rows import gelu_backward_fast, gelu_forward_fast
 from minialign.machinery.fast_layers import (AttentionGroup, attention_scale,
                                              cross_entropy_fast, group_heads,
@@ -229,18 +229,18 @@ def test_fast_layers_keep_float32():
 
 @pytest.mark.parametrize("n", (5, 3 * rows.GEMM_BLOCK + 7))
 def test_fused_tied_head_gives_the_three_calls_bit_for_bit(n):
-    """tied_head_cross_entropy_fast == lm_head_forward, cross_entropy_fast, lm_head_backward:
-    loss, dhf and the head's dtok_emb, the same bits (float32; one block, and blocks of 512, 512,
-    256, 128, 64, 64, 7 rows), on 1 and 2 threads."""
-    from minialign.model import lm_head_backward, lm_head_forward
+    """tied_head_cross_entropy_fast (what the fast set's lm_head_forward -> cross_entropy ->
+    lm_head_backward run) == the head's products over row blocks around cross_entropy_fast on
+    real (n, V) logits: loss, dhf and the head's dtok_emb, the same bits (float32; one block,
+    and blocks of 512, 512, 256, 128, 64, 64, 7 rows), on 1 and 2 threads."""
     rng = np.random.default_rng(n)
     V, D = 37, 8
     hf = rng.standard_normal((n, D)).astype(np.float32)
     tok_emb = rng.standard_normal((V, D)).astype(np.float32)
     targets = rng.integers(0, V, n)
-    logits, cache = lm_head_forward(hf, tok_emb)
-    loss, dlogits, stats = cross_entropy_fast(logits, targets)
-    dhf, dtok = lm_head_backward(dlogits, cache)
+    logits = rows.matmul_rows(hf, tok_emb.T)                              # (n, V) real logits
+    loss, dlogits, stats = fast.cross_entropy(logits, targets)            # cross_entropy_fast
+    dhf, dtok = fast.lm_head_backward(dlogits, fast.TiedLogits(hf, tok_emb))  # the two products
     before = rows._THREADS
     try:
         for k in (1, 2):
@@ -248,5 +248,10 @@ def test_fused_tied_head_gives_the_three_calls_bit_for_bit(n):
             loss_f, dhf_f, dtok_f, stats_f = tied_head_cross_entropy_fast(hf, tok_emb, targets)
             assert loss_f == loss and stats_f == stats
             assert dhf_f.tobytes() == dhf.tobytes() and dtok_f.tobytes() == dtok.tobytes()
+            logits_f, cache = fast.lm_head_forward(hf, tok_emb)          # the three calls
+            loss_3, dlogits_f, stats_3 = fast.cross_entropy(logits_f, targets)
+            dhf_3, dtok_3 = fast.lm_head_backward(dlogits_f, cache)
+            assert loss_3 == loss and stats_3 == stats
+            assert dhf_3.tobytes() == dhf.tobytes() and dtok_3.tobytes() == dtok.tobytes()
     finally:
         rows._THREADS = before

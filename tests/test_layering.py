@@ -2,12 +2,12 @@
 level in LEVELS, so no import circle can form (the replicate <-> report circle of #10 would
 fail here), and the core never reaches up into the machinery that runs it.
 
-Three core modules import from machinery/, and may because those modules sit low: model
-imports machinery.fast_layers, fast_rows and rows, objectives machinery.fast_layers (the fast
-path; they import only layers and rows); train
-imports machinery.rundir, machinery.checkpoint, machinery.files and machinery.monitor
-(training reads its captions, writes a run directory, evaluates and prints its progress;
-they import only numpy, tqdm and the core below train).
+The core (minialign/*.py) stands on its own: two of its modules import from machinery/, and
+only these (CORE_MACHINERY): model imports machinery.fast, the fast layer set, in the one place
+that picks a layer set (it imports only layers and the fast path below it); train imports
+machinery.rundir, machinery.checkpoint, machinery.files and machinery.monitor (training reads
+its captions, writes a run directory, evaluates and prints its progress; they import only
+numpy, tqdm and the core below train).
 
 Parsed, not executed: every `import minialign.x`, `from minialign.x import y`, `from . import
 x`, `from .x import y` and `from ..x import y` anywhere in a file, function bodies included.
@@ -19,13 +19,14 @@ import minialign
 
 PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
-    "minialign": 0, "tokenizer": 0, "layers": 0, "losses": 0, "optim": 0, "metrics": 0,
+    "minialign": 0, "tokenizer": 0, "layers": 1, "losses": 0, "optim": 0, "metrics": 0,
     "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.rows": 0,
     "data": 2, "machinery.machine": 2, "machinery.fast_rows": 2, "machinery.fast_layers": 3,
+    "machinery.fast": 4,
     "machinery.rundir": 2,
     "machinery.embeddings": 2, "machinery.figures": 2, "machinery.slurm": 2,
     "machinery.speed": 0, "machinery.exercises": 0, "machinery.grade": 1, "machinery.jobs": 4, "machinery.scaling": 6,
-    "model": 4, "machinery.gemms": 4, "machinery.checkpoint": 4, "machinery.download": 4,
+    "model": 5, "machinery.gemms": 4, "machinery.checkpoint": 4, "machinery.download": 4,
     "machinery.photos": 6,
     "objectives": 6,
     "machinery.monitor": 8,
@@ -46,6 +47,11 @@ LAZY_IMPORTS = {
     ("machinery.coco", "machinery.photos"),
     ("machinery.grade", "pytest"),              # the [test] extra: only grading needs it
 }
+CORE = ("minialign", "tokenizer", "data", "layers", "model", "losses", "optim", "metrics",
+        "objectives", "train", "__main__")
+CORE_MACHINERY = {"model": {"machinery.fast"},
+                  "train": {"machinery.rundir", "machinery.checkpoint", "machinery.files",
+                            "machinery.monitor"}}
 IMAGE_SIDE = {"machinery.embeddings", "machinery.evaluate", "machinery.export",
               "machinery.coco", "machinery.download", "machinery.photos"}
 
@@ -151,3 +157,12 @@ def test_training_never_imports_the_image_side():
     assert {"data", "model", "objectives", "machinery.rundir"} <= seen   # the walk follows imports
     assert not seen & IMAGE_SIDE, f"train reaches {sorted(seen & IMAGE_SIDE)}"
     assert not set.union(*(graph[m][1] for m in seen)) & {"torch", "transformers", "PIL"}
+
+
+def test_the_core_imports_from_machinery_only_the_fast_set_and_trains_helpers():
+    graph = import_graph()
+    assert set(CORE) == {m for m in graph if not m.startswith("machinery")}
+    wrong = {m: sorted(d for d in graph[m][0] if d.startswith("machinery")
+                       and d not in CORE_MACHINERY.get(m, set()))
+             for m in CORE if m != "__main__"}      # __main__ starts the command line
+    assert not any(wrong.values()), {m: d for m, d in wrong.items() if d}

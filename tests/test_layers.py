@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 from gradcheck import check_layer
 
-from minialign.layers import (attention_bias, embedding_backward, embedding_forward,
-                              gelu_backward, gelu_forward, layernorm_backward, layernorm_forward,
-                              linear_backward, linear_forward, mean_pool_backward,
-                              mean_pool_forward, merge_heads, mha_backward, mha_forward,
-                              split_heads)
+from minialign.layers import (attention_backward, attention_bias, attention_forward,
+                              embedding_backward, embedding_forward, gelu_backward, gelu_forward,
+                              layernorm_backward, layernorm_forward, linear_backward,
+                              linear_forward, lm_head_backward, lm_head_forward,
+                              mean_pool_backward, mean_pool_forward, merge_heads, mha_backward,
+                              mha_forward, pool_backward, pool_forward, split_heads, token_rows)
 
 
 def test_linear_backward():
@@ -106,3 +107,58 @@ def test_layers_keep_float32():
     y, cache = mha_forward(x, w_qkv, np.zeros(12, np.float32), w_o, b, bias, 2)
     assert y.dtype == np.float32
     assert all(d.dtype == np.float32 for d in mha_backward(x, cache))
+
+
+# ---------------------------------------------------------------- the rows encode runs on
+RAGGED = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=bool)  # (B, T)
+
+
+def test_token_rows_by_hand():
+    rows = token_rows(RAGGED, causal=True, dtype=np.float64)
+    assert rows.flat.tolist() == [0, 1, 2, 4, 12, 13, 14, 15]            # b * 4 + t, batch order
+    assert rows.seq.tolist() == [0, 0, 0, 1, 3, 3, 3, 3]
+    assert rows.pos.tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert rows.caption_rows.tolist() == list(range(8))
+    assert rows.bias.shape == (4, 1, 4, 4)
+    assert np.isfinite(rows.bias).any(axis=-1).all()             # every query reads a key, even
+    assert np.isfinite(rows.bias[2, 0, -1]).all()                # the empty caption's padding
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_on_rows_backward(causal):
+    """The padded dense attention (attention_forward: rows -> (B, T, D) grid -> rows), every
+    element of every gradient, on ragged captions and one empty caption."""
+    rng = np.random.default_rng(7)
+    D, n = 4, int(RAGGED.sum())
+    inputs = dict(x=rng.standard_normal((n, D)), w_qkv=rng.standard_normal((D, 3 * D)),
+                  b_qkv=rng.standard_normal(3 * D), w_o=rng.standard_normal((D, D)),
+                  b_o=rng.standard_normal(D), rows=token_rows(RAGGED, causal, np.float64),
+                  n_heads=2)
+    check_layer(attention_forward, attention_backward, inputs, (n, D), rng)
+
+
+def test_attention_on_rows_equals_mha_on_the_grid():
+    rng = np.random.default_rng(8)
+    D, mask = 4, RAGGED[[0, 1, 3]]                                        # no empty caption
+    x = rng.standard_normal((*mask.shape, D))
+    w = [rng.standard_normal(s) for s in ((D, 3 * D), (3 * D,), (D, D), (D,))]
+    for causal in (False, True):
+        dense, _ = mha_forward(x, *w, attention_bias(mask, causal, np.float64), 2)
+        rows, _ = attention_forward(x[mask], *w, token_rows(mask, causal, np.float64), 2)
+        np.testing.assert_allclose(rows, dense[mask], rtol=1e-12, atol=1e-12)
+
+
+def test_pool_on_rows_backward():
+    rng = np.random.default_rng(9)
+    rows = token_rows(RAGGED, causal=False, dtype=np.float64)
+    h = rng.standard_normal((len(rows.seq), 3))
+    check_layer(pool_forward, pool_backward, dict(h=h, rows=rows), (4, 3), rng)
+    z, _ = pool_forward(h, rows)
+    np.testing.assert_allclose(z[0], h[:3].mean(axis=0), rtol=1e-12)
+    assert not z[2].any()                                                 # empty caption: 0
+
+
+def test_lm_head_backward():
+    rng = np.random.default_rng(10)
+    inputs = dict(hf=rng.standard_normal((5, 4)), tok_emb=rng.standard_normal((7, 4)))
+    check_layer(lm_head_forward, lm_head_backward, inputs, (5, 7), rng)

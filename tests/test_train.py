@@ -192,6 +192,8 @@ def test_upgrade_config_moves_the_flat_keys_into_loss():
     assert upgrade_config(flat) == now
     assert upgrade_config(now) == now                      # today's layout: unchanged
     assert TrainConfig(**upgrade_config(flat)) == TrainConfig(loss={"mask_rate": 0.5})
+    before_layers = {**now, "model": {k: v for k, v in now["model"].items() if k != "layers"}}
+    assert upgrade_config(before_layers) == now            # runs before #20 ran the fast set
 
 
 def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):

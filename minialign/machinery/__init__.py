@@ -4,7 +4,8 @@
   a run directory   rundir (file names, reads, writes), checkpoint (resume, --force), files
                     (atomic writes, readers, lock), monitor (inputs read and checked, what
                     a run evaluates and prints), encoder
-  the fast path     fast_layers (row layout, attention per group of one length, pooling,
+  the fast path     fast (the fast layer set: layers.py's names, ModelConfig.layers = "fast"),
+                    fast_layers (row layout, attention per group of one length, pooling,
                     cross-entropy), fast_rows (per-token layers over row blocks), rows (the
                     thread pool over row blocks); layers.py is their readable reference
   image side        embeddings (.npz format), export (DINOv2, optional torch), evaluate

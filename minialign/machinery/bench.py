@@ -12,6 +12,9 @@ process-wide ru_maxrss, is its own), and each child:
      from the batch's caption lengths), GFLOP/s and the fraction of peak;
   4. replays the same matrix products alone (gemms.replay_gemms): the step's GEMM time, and
      the non-GEMM share of a step = 1 - GEMM ms / step ms (element-wise work, copies, Python).
+Each objective runs on both layer sets (ModelConfig.layers; --layers fast or reference for
+one): the fast set, which trains by default, and the reference (minialign/layers.py), what
+`--layers reference` trains on; the last line gives reference ms / fast ms.
 The side-by-side comparison with PyTorch eager is bench_torch.py.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
@@ -45,6 +48,7 @@ GEMM_SQUARE = 2048    # plus one square GEMM, the shape BLAS libraries are tuned
 GEMM_REPEATS = 5      # best of this many runs per shape
 PYTORCH_PAIR = ("against PyTorch eager, timed side by side on the same batch: python -m "
                 "minialign.machinery.bench_torch --torch-pair PATH/TO/torch_pair.py")
+LAYER_SETS = ("fast", "reference")   # model.LAYER_SETS, each benchmarked
 KEYS = ("objective", "ms_per_step", "gflop_per_step", "gflops", "peak_gflops",
         "fraction_of_peak", "peak_rss_mb", "gemm_ms", "non_gemm_share")
 
@@ -163,9 +167,14 @@ def measure(name, cfg, batch, args):
 
 def bench_one(name, args, cfg):
     """Child: benchmark objective `name` in this process; returns measure's dict.
-    cfg: the TrainConfig of the command's flags (captions, batch_photos, seed, model sizes)."""
+    cfg: the TrainConfig of the command's flags (captions, batch_photos, seed, model sizes);
+    args.layer_sets: the layer set to run, "fast" or "reference"."""
+    if args.layer_sets not in LAYER_SETS:
+        raise ValueError(f"--only runs one layer set: pass --layers fast or --layers reference, "
+                         f"not {args.layer_sets!r}")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=args.layer_sets))
     cfg, batch = bench_batch(name, cfg, args.fixed_length)
-    return measure(name, cfg, batch, args)
+    return {**measure(name, cfg, batch, args), "layers": args.layer_sets}
 
 
 # ---------------------------------------------------------------- all objectives (parent)
@@ -177,11 +186,12 @@ def child_env(unset_openblas_env):
     return env
 
 
-def run_child(name, args, env):
-    """Run `python -m minialign bench --only name --json ...` with the parent's options and
-    return its JSON dict.
+def run_child(name, layers, args, env):
+    """Run `python -m minialign bench --only name --layers layers --json ...` with the parent's
+    options and return its JSON dict.
     Raises ValueError if the child fails; its own error message is on stderr above."""
-    argv = [sys.executable, "-m", "minialign", "bench", "--only", name, "--json",
+    argv = [sys.executable, "-m", "minialign", "bench", "--only", name, "--layers", layers,
+            "--json",
             "--captions", str(Path(args.captions).resolve()),
             "--timed-steps", str(args.timed_steps),
             "--warmup", str(args.warmup), "--seed", str(args.seed),
@@ -196,7 +206,7 @@ def run_child(name, args, env):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-ROW = "{:<11} {:>3} {:>8} {:>14} {:>10} {:>8} {:>9} {:>7} {:>7} {:>8} {:>7}"
+ROW = "{:<11} {:<9} {:>3} {:>8} {:>14} {:>10} {:>8} {:>9} {:>7} {:>7} {:>8} {:>7}"
 
 
 def print_header(args, info):
@@ -212,7 +222,7 @@ def print_header(args, info):
           + (" (removed for the children)" if args.unset_openblas_env else ""))
     print("FLOPs: matmuls only, linear layers on real tokens, attention per length group "
           "(minialign/machinery/gemms.py); GEMM ms: those matmuls replayed alone")
-    print(ROW.format("objective", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
+    print(ROW.format("objective", "layers", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
                      "peak GF/s", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
 
 
@@ -224,7 +234,7 @@ def print_row(r):
     """One table row; a negative non-GEMM share (JSON keeps the number) reads '<0*', with
     NEGATIVE_SHARE under the row."""
     share = r["non_gemm_share"]
-    print(ROW.format(r["objective"], r["T"], r["real_tokens"],
+    print(ROW.format(r["objective"], r.get("layers", "fast"), r["T"], r["real_tokens"],
                      f"{r['ms_per_step']:.0f} ({r['ms_per_step_min']:.0f})",
                      f"{r['gflop_per_step']:.2f}", f"{r['gflops']:.1f}",
                      f"{r['peak_gflops']:.1f}", f"{r['fraction_of_peak']:.0%}",
@@ -254,12 +264,23 @@ def run_bench(args, cfg):
     if not args.json:
         print_header(args, describe(env))
     results = []
+    sets = LAYER_SETS if args.layer_sets == "both" else (args.layer_sets,)
     for name in OBJECTIVES:
-        results.append(run_child(name, args, env))
-        if args.json:
-            print(json.dumps(results[-1]), flush=True)
-        else:
-            print_row(results[-1])
+        for layers in sets:
+            results.append(run_child(name, layers, args, env))
+            if args.json:
+                print(json.dumps(results[-1]), flush=True)
+            else:
+                print_row(results[-1])
     if not args.json:
+        if len(sets) == 2:
+            print(price_of_reading(results))
         print(PYTORCH_PAIR)
     return results
+
+
+def price_of_reading(results):
+    """One line: each objective's reference ms/step over its fast ms/step."""
+    ms = {(r["objective"], r["layers"]): r["ms_per_step"] for r in results}
+    return "reference / fast ms/step (the price of training on layers.py): " + ", ".join(
+        f"{name} {ms[name, 'reference'] / ms[name, 'fast']:.1f}x" for name in OBJECTIVES)

@@ -21,7 +21,7 @@ from . import (bench, coco, compare, evaluate, exercises, export, grade, replica
 from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
 from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
-                    nonnegative_int, positive_float, positive_int)
+                    nonnegative_int, one_of, positive_float, positive_int)
 from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
                        Protocol, holds_runs, load_protocol)
 from .rundir import Diverged
@@ -43,10 +43,10 @@ TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_d
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
                 "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
-                "mlp_ratio", "max_len")
+                "mlp_ratio", "max_len", "layers")
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
                     "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
-                    "sigreg_weight")
+                    "sigreg_weight", "layers")
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
 
 
@@ -189,6 +189,10 @@ def add_bench_args(p):
                    "the speed without them)")
     p.add_argument("--only", choices=sorted(OBJECTIVES),
                    help="benchmark one objective in this process (what each child runs)")
+    p.add_argument("--layers", dest="layer_sets", type=one_of("both", "fast", "reference"),
+                   default="both", metavar="{both,fast,reference}",
+                   help="the layer sets to time: both (fast, then reference, per objective), "
+                        "or one")
     add_config_flags(p, BENCH_FIELDS, TrainConfig())
     p.add_argument("--gemm-rows", type=positive_int, default=bench.GEMM_ROWS,
                    help="rows of the peak GEMMs, >= 1")

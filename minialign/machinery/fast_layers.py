@@ -1,7 +1,8 @@
-"""The fast path the model runs: the maths of layers.py, arranged for speed (cs231n keeps
-`fast_layers.py` beside `layers.py` the same way). Read layers.py first: each function here has
-a reference there and tests/test_fast_layers.py checks that they give the same outputs and
-gradients on ragged batches. What is rearranged, and why:
+"""The fast path: the maths of layers.py, arranged for speed (cs231n keeps `fast_layers.py`
+beside `layers.py` the same way); machinery/fast.py hands it to the model under layers.py's
+names. Read layers.py first: each function here has a reference there and
+tests/test_fast_layers.py checks that they give the same outputs and gradients on ragged
+batches. What is rearranged, and why:
 
   packing       Per-token layers (embeddings, LayerNorm, linear, GELU) run on the n real tokens
                 of a batch, stacked as rows of an (n, D) array: no work on padding. The rows go
@@ -18,8 +19,8 @@ gradients on ragged batches. What is rearranged, and why:
                 have the array's dtype (a float64 scalar runs NumPy's float64 loop). The GELU
                 chain measured 1.8x faster than layers.gelu_forward (forward + backward on
                 (6873, 1024) float32).
-  row blocks    The per-token layers (fast_rows.py: embeddings, linear, LayerNorm, GELU,
-                residual adds) run as chains of passes over blocks of packed rows that stay
+  row blocks    The per-token layers (fast_rows.py: embeddings, linear, LayerNorm, GELU)
+                run as chains of passes over blocks of packed rows that stay
                 in L2 (rows.py says how big), spread over the cores by rows.py's thread pool; their sums over rows are
                 per-block partials added in block order, so the bits do not depend on the
                 thread count (tests/test_rows.py). Attention's groups and cross-entropy's

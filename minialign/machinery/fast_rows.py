@@ -1,5 +1,5 @@
 """The per-token layers the model runs, on packed rows (n, C) in blocks spread over the cores:
-embeddings, residual add, linear, LayerNorm, GELU. Read layers.py first (each has its reference
+embeddings, linear, LayerNorm, GELU. Read layers.py first (each has its reference
 there; tests/test_rows.py checks them against it, and bit for bit across thread counts);
 fast_layers.py holds the rest of the fast path (row layout, attention, pooling, cross-entropy).
 
@@ -30,29 +30,20 @@ def _const(value, like):
     return like.dtype.type(value)
 
 
-def embedding_forward_rows(tok_ids, pos_ids, tok_emb, pos_emb):
-    """layers.embedding_forward twice, summed: h[i] = tok_emb[tok_ids[i]] + pos_emb[pos_ids[i]].
-    tok_ids, pos_ids: (n,) int; tok_emb: (V, D); pos_emb: (T_max, D). Returns h (n, D), a cache."""
-    n, D = len(tok_ids), tok_emb.shape[1]
-    h = np.empty((n, D), dtype=tok_emb.dtype)                             # (n, D)
-
-    def block(i, s, e):
-        np.take(tok_emb, tok_ids[s:e], axis=0, out=h[s:e])
-        h[s:e] += pos_emb[pos_ids[s:e]]
-
-    map_blocks(block, n, block_rows(D))
-    return h, (tok_ids, pos_ids, tok_emb.shape, pos_emb.shape)
+def embedding_forward_rows(ids, weight):
+    """layers.embedding_forward in row blocks: y[i] = weight[ids[i]].
+    ids: (n,) int; weight: (V, D). Returns y (n, D) and a cache."""
+    n, D = len(ids), weight.shape[1]
+    y = np.empty((n, D), dtype=weight.dtype)                              # (n, D)
+    map_blocks(lambda i, s, e: np.take(weight, ids[s:e], axis=0, out=y[s:e]), n, block_rows(D))
+    return y, (ids, weight.shape)
 
 
-def embedding_backward_rows(dh, cache):
-    """dh: (n, D) -> dtok_emb (V, D), dpos_emb (T_max, D): each row sums the dh of every row
-    that read it, in row order: the bits of np.add.at (layers.embedding_backward), tested."""
-    tok_ids, pos_ids, tok_shape, pos_shape = cache
-    out = [None, None]
-    # two scatters into different arrays: one per thread
-    tasks = ((tok_ids, tok_shape), (pos_ids, pos_shape))
-    run(lambda i: out.__setitem__(i, scatter_add_rows(dh, *tasks[i])), 2)
-    return out[0], out[1]
+def embedding_backward_rows(dy, cache):
+    """dy: (n, D) -> dweight (V, D): each row sums the dy of every row that read it, in row
+    order: the bits of np.add.at (layers.embedding_backward), tested."""
+    ids, shape = cache
+    return scatter_add_rows(dy, ids, shape)
 
 
 def scatter_add_rows(dy, ids, shape):
@@ -86,13 +77,6 @@ def scatter_add_rows(dy, ids, shape):
             acc[:m] += dy[order[starts[:m] + j]]                          # j-th row of each id
         dweight[sorted_ids[starts]] = acc
     return dweight
-
-
-def add_rows(x, y):
-    """x + y on (n, C) rows, as a new array (the residual stream: h = h + a)."""
-    out = np.empty_like(x)                                                # (n, C)
-    map_blocks(lambda i, s, e: np.add(x[s:e], y[s:e], out=out[s:e]), len(x), block_rows(x.shape[1]))
-    return out
 
 
 def linear_forward_rows(x, w, b):

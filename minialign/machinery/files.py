@@ -4,7 +4,6 @@ reading minialign's result files.
     atomic_write(path)      every writer: a temporary file beside `path`, fsync, os.replace
     read_json / load_npz    every reader of a file minialign wrote: one-line errors naming it
     DirLock(directory)      one process at a time per run (or results) directory
-    check_fields(config)    a config dataclass's ranges: one-line errors naming the field
 
 A reader of `path` sees its old bytes or its new bytes, never a mix: the new bytes go to a
 temporary file in the same folder (same file system, so the rename is atomic), are flushed to
@@ -269,24 +268,3 @@ def check_annotation(path, i, ann):
     if not isinstance(ann["caption"], str):
         raise ValueError(f"{path}: annotation {i} (id {ann['id']}) caption is not a string: "
                          f"{ann['caption']!r}")
-
-
-# ---------------------------------------------------------------- a config's fields
-RANGES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,       # check_fields' number ranges
-          "in [0, 1]": lambda v: 0 <= v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
-
-
-def check_fields(config, integers=(), numbers=()):
-    """A config dataclass's range checks (the ranges the command line's flags.py types enforce):
-    integers {field: lowest}, an int (not a bool) >= lowest; numbers {field: a RANGES key}, a
-    finite int or float in that range. Raises ValueError, one line naming the class and field."""
-    where = type(config).__name__
-    for name, low in dict(integers).items():
-        value = getattr(config, name)
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{where}: {name}={value!r} must be an integer >= {low}")
-    for name, allowed in dict(numbers).items():
-        value = getattr(config, name)
-        if (not isinstance(value, (int, float, np.number)) or isinstance(value, bool)
-                or not np.isfinite(value) or not RANGES[allowed](value)):
-            raise ValueError(f"{where}: {name}={value!r} must be a number {allowed}")

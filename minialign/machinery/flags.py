@@ -210,8 +210,11 @@ TRAIN_FLAGS = {
     "n_heads": ("attention heads, >= 1", positive_int),
     "mlp_ratio": ("MLP hidden width / D, >= 1", positive_int),
     "max_len": ("longest caption in tokens, BOS and EOS included, >= 3", int_at_least(3)),
+    "layers": ("the layer set the model runs: fast (machinery/fast.py) or reference "
+               "(minialign/layers.py, the readable one; slower, same maths)",
+               one_of("fast", "reference")),    # model.LAYER_SETS
 }
-MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len")
+MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len", "layers")
 LOSS_FIELDS = ("mask_rate", "sim_weight", "var_weight", "cov_weight", "anticollapse_weight",
                "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                "sigreg_points")

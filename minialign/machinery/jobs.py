@@ -84,7 +84,22 @@ def run_memory_mb(cfg, vocab_size=None):
     head = (partials * V * m.d_model + MEM_HEAD_CHUNKS * rows.GEMM_BLOCK * V) * 4
     head = head if cfg.objective == "next_token" else 0.0
     weights = 4 * 4 * (V * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model ** 2)
-    return MEM_MARGIN * (MEM_BASE_MB + (activations + head + weights) / 2**20)
+    return MEM_MARGIN * (MEM_BASE_MB + (activations + head + weights + reference_mb(cfg, V)
+                                        * 2**20) / 2**20)
+
+
+def reference_mb(cfg, V):
+    """What the reference layer set (ModelConfig.layers = "reference") holds beyond the fast
+    one, MB, an upper bound (not measured): per block, attention on the padded (2B, T, D) grid
+    with T = max_len (scores and probabilities (2B, H, T, T), the q | k | v grid (2B, T, 3D)
+    and its gradient), and next_token's (n, V) logits, probabilities and dlogits at once."""
+    m = cfg.model
+    if m.layers != "reference":
+        return 0.0
+    B2, T, n = 2 * cfg.batch_photos, m.max_len, 2 * cfg.batch_photos * TOKENS_PER_CAPTION
+    attention = m.n_layers * B2 * (2 * m.n_heads * T * T + 8 * T * m.d_model) * 4
+    head = 3 * n * V * 4 if cfg.objective == "next_token" else 0.0
+    return (attention + head) / 2**20
 
 
 def mem_available_mb(meminfo="/proc/meminfo"):

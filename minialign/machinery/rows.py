@@ -23,7 +23,7 @@ freed): follow(shared) makes the size be re-read from a shared integer at the en
 top-level run(), that is between two operations, never inside one.
 
 Block sizes (measured on this project's 2-core AMD EPYC VMs, 1 MB L2 per core, float32):
-  BLOCK_ELEMENTS  an element-wise chain (LayerNorm, GELU, residual add) runs over blocks of
+  BLOCK_ELEMENTS  an element-wise chain (LayerNorm, GELU) runs over blocks of
                   block_rows(C) = 131072 // C rows: 512 KB per array, 128 rows of the MLP's
                   (n, 1024), 512 rows of (n, 256). Smaller blocks cost more than they save:
                   every NumPy call takes the GIL back, and with two threads issuing ~15 small

@@ -36,6 +36,7 @@ FLAT_LOSS_KEYS = ("mask_rate", "sim_weight", "var_weight", "cov_weight",  # befo
                   "anticollapse_weight")                                # top of a saved config
 ADDED_LOSS_DEFAULTS = {"anticollapse": "vicreg", "sigreg_weight": 25.0 * 4 * 0.05 / 0.95,
                        "sigreg_directions": 256, "sigreg_t_max": 3.0, "sigreg_points": 17}
+ADDED_MODEL_DEFAULTS = {"layers": "fast"}   # ModelConfig.layers (#20): every older run was fast
 RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
 RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
 METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
@@ -55,10 +56,15 @@ def caption_file_name(split, step):
 def upgrade_config(config):
     """A saved config.json["config"] (or protocol.json["base"]) in today's layout. Runs written
     before the objectives' settings were nested (TrainConfig.loss, #10) hold FLAT_LOSS_KEYS at
-    the top; they move into "loss". Returns a new dict; today's layout comes back unchanged."""
+    the top; they move into "loss". Fields added since get the value older runs had
+    (ADDED_LOSS_DEFAULTS, ADDED_MODEL_DEFAULTS). Returns a new dict; today's layout comes back
+    unchanged."""
     flat = {k: config[k] for k in FLAT_LOSS_KEYS if k in config}
     rest = {k: v for k, v in config.items() if k not in flat}
-    return {**rest, "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
+    upgraded = {**rest, "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
+    if "model" in rest:
+        upgraded["model"] = {**ADDED_MODEL_DEFAULTS, **rest["model"]}
+    return upgraded
 
 
 def read_run_config(run_dir):

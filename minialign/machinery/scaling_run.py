@@ -29,7 +29,7 @@ from .scaling import CENTER, DEPTHS, GRIDS, WIDTHS, count_params, size_config, s
 # the training flags `scaling` exposes (flags.TRAIN_FLAGS); the sizes come from --widths,
 # --depths, --grid and --center, heads and MLP width from scaling.size_config
 FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "max_len",
-          "anticollapse", "sigreg_weight")
+          "anticollapse", "sigreg_weight", "layers")
 
 
 # ---------------------------------------------------------------- the command line

@@ -1,11 +1,11 @@
-"""Tests for minialign.machinery.files.check_fields (the writers and the lock: test_faults.py)."""
+"""Tests for minialign.model.check_fields, the range checks of every config dataclass."""
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from minialign.machinery.files import check_fields
+from minialign.model import check_fields
 
 
 @dataclass
@@ -44,3 +44,9 @@ def test_check_fields_ranges():
         check_fields(Toy(rate=inside), numbers={"rate": allowed})
         with pytest.raises(ValueError, match=re.escape(f"rate={outside} must be a number {allowed}")):
             check_fields(Toy(rate=outside), numbers={"rate": allowed})
+
+
+def test_check_fields_choices():
+    check_fields(Toy(rate="a"), choices={"rate": ("a", "b")})
+    with pytest.raises(ValueError, match=re.escape("Toy: rate='c' must be one of a, b")):
+        check_fields(Toy(rate="c"), choices={"rate": ("a", "b")})
