@@ -235,7 +235,7 @@ def test_a_child_process_that_reaches_a_stub_names_it_through_its_exit_code():
 TINY_GRID = ["--no-estimate", "--jobs", "1", "--steps", "6", "--eval-every", "3",
              "--warmup-steps", "2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1",
              "--batch-photos", "16", "--lr-search", "off", "--seeds", "0"]
-LAYERS = []   # the layer set the student's copy trains with
+LAYERS = ["--layers", "reference"]   # the student's layers.py is what trains
 
 
 def test_the_copy_with_its_solutions_put_back_trains_the_repositorys_table(tmp_path):
