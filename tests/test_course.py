@@ -254,3 +254,22 @@ def test_the_copy_with_its_solutions_put_back_trains_the_repositorys_table(tmp_p
         tables[name] = (out / "results.md").read_text().split("\n## Environment")[0]
     assert "| next_token | 0." in tables["student"]
     assert tables["student"] == tables["repository"]
+
+
+def test_reference_mode_trains_the_students_layers_and_the_fast_mode_does_not(tmp_path):
+    """Exercises 6-14 solved, the layers (1-5) not: the fast set trains, --layers reference
+    stops at one of the student's layers."""
+    captions, _ = synthetic.write_world(tmp_path / "world", n_scenes=300, seed=0)
+    student = tmp_path / "course"
+    write_student_copy(student, ROOT, solved=range(6, len(EXERCISES) + 1))
+    train = ["train", "--objective", "good_views", "--captions", str(captions), "--steps", "2",
+             "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--batch-photos", "16",
+             "--eval-every", "2"]
+    fast = run([*train, "--out", str(tmp_path / "fast")], student)
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    reference = run([*train, "--out", str(tmp_path / "reference"), "--layers", "reference"],
+                    student)
+    assert reference.returncode == 2
+    m = re.fullmatch(r"minialign train: exercise (\d+) \(.+\) is not done yet: .*",
+                     reference.stderr.splitlines()[-1])
+    assert m and 1 <= int(m[1]) <= 5, reference.stderr[-500:]
