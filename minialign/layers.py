@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .losses import cross_entropy  # next_token's loss: one of the set's names, as it is
+from .losses import cross_entropy  # next_token's loss, one of the set's names (losses.py's)
 
 LN_EPS = 1e-5  # variance floor inside LayerNorm (GPT-2 / PyTorch default)
 GELU_C = math.sqrt(2.0 / math.pi)  # tanh approximation of GELU (Hendrycks & Gimpel 2016, sec. 2)
@@ -105,7 +105,7 @@ def layernorm_backward(dy, cache):
 def gelu_forward(x):
     """GELU, tanh approximation: y = x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2/pi), a = 0.044715
     (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache.
-    The fast set runs fast_rows.gelu_forward_fast, the same formula as in-place passes."""
+    The model runs fast_rows.gelu_forward_fast, the same formula as in-place passes."""
     th = np.tanh(GELU_C * (x + GELU_A * x**3))                            # (...)
     y = 0.5 * x * (1.0 + th)                                              # (...)
     return y, (x, th)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from minialign.machinery import flags
+from minialign.machinery.protocol import planned_runs
 from minialign.machinery.synthetic import write_world
 from minialign.__main__ import main
 from minialign.model import ModelConfig
@@ -215,3 +216,22 @@ def test_train_with_sigreg_end_to_end(tmp_path, capsys, objective):
     assert "var" not in rows[0] and "cov" not in rows[0]
     final = json.loads((out / "metrics.json").read_text())["final"]
     assert final["step"] == 4 and np.isfinite(final["val"]["paraphrase_R@1"])
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("train", ["--objective", "good_views", "--captions", "c.json", "--out", "o"]),
+    ("replicate", ["--captions", "c.json", "--out", "o"]),
+    ("scaling", ["--captions", "c.json", "--out", "o"])])
+def test_every_command_that_trains_takes_layers(command, extra):
+    """--layers reference reaches the config each command trains with (default: fast)."""
+    from minialign.machinery import cli
+    p = cli.parser()
+    for given, wanted in (([], "fast"), (["--layers", "reference"], "reference")):
+        args = p.parse_args([command, *extra, *given])
+        if command == "train":
+            cfg = flags.config_from_args(args, TrainConfig())
+        else:
+            protocol = (cli.protocol_from_args(args) if command == "replicate"
+                        else cli.scaling_run.protocol_from_args(args))
+            cfg = planned_runs(protocol)[0]             # one run's config, sized for scaling
+        assert cfg.model.layers == wanted

@@ -221,9 +221,10 @@ def print_header(args, info):
     print(f"BLAS: {info['blas']}, threads: {info['blas_threads']}, {env}"
           + (" (removed for the children)" if args.unset_openblas_env else ""))
     print("FLOPs: matmuls only, linear layers on real tokens, attention per length group "
-          "(minialign/machinery/gemms.py); GEMM ms: those matmuls replayed alone")
-    print(ROW.format("objective", "layers", "T", "real tok", "ms/step (min)", "GFLOP/step", "GFLOP/s",
-                     "peak GF/s", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
+          "(minialign/machinery/gemms.py); GEMM ms: those matmuls replayed alone; the "
+          "reference rows count the same FLOPs (its attention on the padded grid does more)")
+    print(ROW.format("objective", "layers", "T", "real tok", "ms/step (min)", "GFLOP/step",
+                     "GFLOP/s", "peak GF/s", "of peak", "GEMM ms", "non-GEMM", "RSS MB"))
 
 
 NEGATIVE_SHARE = ("  * non-GEMM <0: the GEMM replay was slower than the whole step (host "

@@ -259,14 +259,15 @@ def cross_entropy_rows(logits, targets, start, stop, n, nll):
 
 
 def tied_head_cross_entropy_fast(hf, tok_emb, targets, block_rows=CE_BLOCK):
-    """model.lm_head_forward, cross_entropy_fast and model.lm_head_backward in one pass over
+    """The tied head + cross-entropy (layers.lm_head_forward, losses.cross_entropy,
+    layers.lm_head_backward; what fast.py's three calls of those names run) in one pass over
     the row blocks of rows.gemm_blocks(n) (at most 512 rows), never holding all (n, V) logits
     (150 MB at the default batch): per block, on the pool: logits = hf_b tok_emb^T (as
     rows.matmul_rows), cross_entropy_rows in place on its CE blocks, dhf_b = dlogits_b tok_emb,
     and the block's partial dlogits_b^T hf_b of dtok_emb, added in block order (as
-    rows.matmul_tn_rows): the same products on the same rows, so the same bits as the three
-    calls (tested). hf: (n, D) final hidden states of the rows with a target; tok_emb: (V, D);
-    targets: (n,) int in [0, V). Returns loss (float), dhf (n, D), dtok_emb (V, D) (the head's
+    rows.matmul_tn_rows): the same products on the same rows, so the same bits as matmul_rows,
+    cross_entropy_fast and matmul_tn_rows one after the other (tested). hf: (n, D) final
+    hidden states of the rows with a target; tok_emb: (V, D); targets: (n,) int in [0, V). Returns loss (float), dhf (n, D), dtok_emb (V, D) (the head's
     part only), stats {ce, targets (= n)}. Raises ValueError if n = 0."""
     n, D = hf.shape
     V = tok_emb.shape[0]

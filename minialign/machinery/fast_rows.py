@@ -1,5 +1,5 @@
-"""The per-token layers the model runs, on packed rows (n, C) in blocks spread over the cores:
-embeddings, linear, LayerNorm, GELU. Read layers.py first (each has its reference
+"""The fast set's per-token layers (machinery/fast.py), on packed rows (n, C) in blocks spread
+over the cores: embeddings, linear, LayerNorm, GELU. Read layers.py first (each has its reference
 there; tests/test_rows.py checks them against it, and bit for bit across thread counts);
 fast_layers.py holds the rest of the fast path (row layout, attention, pooling, cross-entropy).
 

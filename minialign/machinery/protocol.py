@@ -100,7 +100,8 @@ def run_config(protocol, objective, seed, lr=None, size=None):
         return cfg
     m = cfg.model
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    return SizedConfig(**{**fields, "model": size_config(*size, m.vocab_size, m.max_len)})
+    return SizedConfig(**{**fields, "model": size_config(*size, m.vocab_size, m.max_len,
+                                                         m.layers)})
 
 
 def seed_grid(protocol):
