@@ -18,7 +18,7 @@ LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)$(LAYERS_SUFFIX)
 
 .PHONY: install install-export test data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
-        eta eta-quick report scaling eta-scaling scaling-demo
+        eta eta-quick report scaling eta-scaling scaling-demo exercises grade
 
 install:            ## numpy, pillow, tqdm + pytest
 	$(PY) -m pip install -e '.[test]'
@@ -162,3 +162,13 @@ scaling-demo: $(DEMO_WORLD)/captions_synthetic.json  ## the sweep on the synthet
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(SCALING_DEMO) \
 	    --widths 16 32 64 --depths 1 2 --center 32 1 --seeds 0 1 --steps 100 --batch-photos 64 \
 	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --layers $(LAYERS) --no-estimate $(JOBS_FLAG)
+
+# ---- the course kit (docs/course.md): a student copy with every exercise blanked, and the grader
+OUT        ?=
+EXERCISES  ?=
+exercises:          ## make exercises OUT=../course: the student copy (OUT new or empty)
+	@test -n "$(OUT)" || { echo 'make exercises: say where the student copy goes, e.g. make exercises OUT=../course' >&2; exit 2; }
+	$(PY) -m minialign exercises $(OUT)
+
+grade:              ## each exercise's own tests, one row each: make grade [EXERCISES="1 4"]
+	$(PY) -m minialign grade $(EXERCISES)

@@ -64,12 +64,14 @@ def linear_forward(x, w, b):
 
 def linear_backward(dy, cache):
     """dy: (..., D_out) -> dx (..., D_in), dw (D_in, D_out), db (D_out,)."""
+    # --- exercise 1: linear backward ---
     x, w = cache
     d_in, d_out = w.shape
     dx = (dy.reshape(-1, d_out) @ w.T).reshape(*dy.shape[:-1], d_in)     # (..., D_in)
     dw = x.reshape(-1, d_in).T @ dy.reshape(-1, d_out)                    # (D_in, D_out)
     db = dy.reshape(-1, d_out).sum(axis=0)                                # (D_out,)
     return dx, dw, db
+    # --- end of exercise 1 ---
 
 
 # ---------------------------------------------------------------- layernorm
@@ -86,6 +88,7 @@ def layernorm_forward(x, gamma, beta, eps=LN_EPS):
 
 def layernorm_backward(dy, cache):
     """dy: (..., D) -> dx (..., D), dgamma (D,), dbeta (D,)."""
+    # --- exercise 4: LayerNorm backward ---
     xhat, inv_std, gamma = cache
     D = xhat.shape[-1]
     dbeta = dy.reshape(-1, D).sum(axis=0)                                 # (D,) forward: + beta
@@ -95,6 +98,7 @@ def layernorm_backward(dy, cache):
     dx = inv_std * (g - g.mean(axis=-1, keepdims=True)
                     - xhat * (g * xhat).mean(axis=-1, keepdims=True))     # (..., D)
     return dx, dgamma, dbeta
+    # --- end of exercise 4 ---
 
 
 # ---------------------------------------------------------------- GELU (tanh form)
@@ -109,12 +113,14 @@ def gelu_forward(x):
 
 def gelu_backward(dy, cache):
     """dy: same shape as x -> dx = dy * [ (1 + th)/2 + x/2 (1 - th^2) c (1 + 3 a x^2) ]."""
+    # --- exercise 2: GELU backward ---
     x, th = cache
     # forward: th = tanh(u), u = c (x + a x^3): dth/dx = (1 - th^2) c (1 + 3 a x^2)
     dth_dx = (1.0 - th**2) * GELU_C * (1.0 + 3.0 * GELU_A * x**2)         # (...)
     # forward: y = x/2 (1 + th), product rule
     dx = dy * (0.5 * (1.0 + th) + 0.5 * x * dth_dx)                       # (...)
     return dx
+    # --- end of exercise 2 ---
 
 
 # ---------------------------------------------------------------- attention
@@ -165,6 +171,7 @@ def mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, n_heads):
 
 def mha_backward(dy, cache):
     """dy: (B, T, D) -> dx (B, T, D), dw_qkv (D, 3D), db_qkv (3D,), dw_o (D, D), db_o (D,)."""
+    # --- exercise 5: attention backward ---
     c_qkv, q, k, v, probs, scale, c_o = cache
     dmerged, dw_o, db_o = linear_backward(dy, c_o)                        # (B, T, D)
     da = split_heads(dmerged, q.shape[1])                                 # (B, H, T, Dh)
@@ -180,6 +187,7 @@ def mha_backward(dy, cache):
     dqkv = np.concatenate([merge_heads(d) for d in (dq, dk, dv)], axis=-1)  # (B, T, 3D)
     dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (B, T, D)
     return dx, dw_qkv, db_qkv, dw_o, db_o
+    # --- end of exercise 5 ---
 
 
 # ---------------------------------------------------------------- pooling
@@ -188,11 +196,13 @@ def mean_pool_forward(h, seq, n_seqs):
     P[b, i] = 1 / n_b if packed row i belongs to sequence b (n_b rows), else 0.
     h: (n, D) packed; seq: (n,) int, the sequence of each row; a sequence with no row pools
     to 0. Returns z: (n_seqs, D) and a cache."""
+    # --- exercise 3: mean pooling ---
     counts = np.bincount(seq, minlength=n_seqs)                           # (n_seqs,) n_b
     P = np.zeros((n_seqs, len(seq)), dtype=h.dtype)                       # (n_seqs, n)
     P[seq, np.arange(len(seq))] = 1.0 / counts[seq]
     z = P @ h                                                             # (n_seqs, D)
     return z, (P,)
+    # --- end of exercise 3 ---
 
 
 def mean_pool_backward(dz, cache):

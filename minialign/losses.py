@@ -19,6 +19,7 @@ SIGREG_WEIGHT = 25.0 * 4 * 0.05 / (1 - 0.05)
 def _variance_term(z):
     """v(Z) = mean_j relu(1 - sqrt(Var(z_j) + eps)), unbiased (N-1) variance (VICReg eq. 1).
     z: (N, D). Returns v and dv/dz (N, D)."""
+    # --- exercise 6: VICReg variance term ---
     N, D = z.shape
     zc = z - z.mean(axis=0)                                               # (N, D)
     std = np.sqrt((zc * zc).sum(axis=0) / (N - 1) + VICREG_VAR_EPS)       # (D,)
@@ -28,11 +29,13 @@ def _variance_term(z):
     dstd = -(hinge > 0).astype(z.dtype) / D                                              # (D,)
     dz = zc * (dstd / ((N - 1) * std))                                    # (N, D)
     return v, dz
+    # --- end of exercise 6 ---
 
 
 def _covariance_term(z):
     """c(Z) = sum_{j != k} C_jk^2 / D with C = zc^T zc / (N-1) (VICReg eq. 3-4).
     z: (N, D). Returns c and dc/dz (N, D)."""
+    # --- exercise 7: VICReg covariance term ---
     N, D = z.shape
     zc = z - z.mean(axis=0)                                               # (N, D)
     C = zc.T @ zc / (N - 1)                                               # (D, D)
@@ -42,6 +45,7 @@ def _covariance_term(z):
     # The rows of zc @ off average to 0 (zc is centred), so centring adds no term.
     dz = zc @ off * (4.0 / (D * (N - 1)))                                 # (N, D)
     return c, dz
+    # --- end of exercise 7 ---
 
 
 def _invariance_term(z_a, z_b):
@@ -168,6 +172,7 @@ def cross_entropy(logits, targets):
     assert targets.shape == (n,), (targets.shape, n)
     if n == 0:
         raise ValueError("cross_entropy over zero targets")
+    # --- exercise 8: cross-entropy ---
     rows = np.arange(n)
     # subtract the row max before exp: same softmax, no overflow
     shifted = logits - logits.max(axis=1, keepdims=True)                 # (n, V)
@@ -180,3 +185,4 @@ def cross_entropy(logits, targets):
     dlogits[rows, targets] -= 1.0
     dlogits /= n
     return loss, dlogits, {"ce": loss, "targets": n}
+    # --- end of exercise 8 ---

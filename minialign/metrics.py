@@ -65,12 +65,14 @@ def recall_at_k(sim, ks=DEFAULT_KS):
         raise ValueError(f"sim has more queries ({n_query}) than gallery items ({n_gallery})")
     if any(int(k) != k or k < 1 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks}")
+    # --- exercise 12: recall at k ---
     rows = np.arange(n_query)                                                 # (Nq,)
     correct = sim[rows, rows][:, None]                                        # (Nq, 1)
     cols = np.arange(n_gallery)[None, :]                                      # (1, Ng)
     beats = (sim > correct) | ((sim == correct) & (cols < rows[:, None]))     # (Nq, Ng)
     rank = beats.sum(axis=1)                                                  # (Nq,)
     return {f"R@{k}": float(np.mean(rank < k)) for k in ks}
+    # --- end of exercise 12 ---
 
 
 def paraphrase_r_at_1(z_query, z_gallery):
@@ -141,6 +143,7 @@ def mutual_knn(A, B, k=MUTUAL_KNN_K):
         raise ValueError(f"A and B must have the same number of rows (samples), "
                          f"got {A.shape[0]} and {B.shape[0]}")
     n = A.shape[0]                                          # knn_indices checks 1 <= k < n
+    # --- exercise 13: mutual k-NN ---
     rows = np.arange(n)[:, None]                                              # (N, 1)
     in_knn_A = np.zeros((n, n), dtype=bool)                                   # (N, N)
     in_knn_A[rows, knn_indices(A, k)] = True
@@ -148,6 +151,7 @@ def mutual_knn(A, B, k=MUTUAL_KNN_K):
     in_knn_B[rows, knn_indices(B, k)] = True
     overlap = np.sum(in_knn_A & in_knn_B, axis=1)                             # (N,)
     return float(np.mean(overlap / k))
+    # --- end of exercise 13 ---
 
 
 def prepare_for_rotation(x, mean):
@@ -177,9 +181,11 @@ def fit_rotation(z_text, img):
     if z_text.shape[1] > img.shape[1]:
         raise ValueError(f"need D_text <= D_img for W W^T = I, "
                          f"got {z_text.shape[1]} > {img.shape[1]}")
+    # --- exercise 14: Procrustes rotation ---
     m = z_text.T @ img                                                        # (D, D_img)
     u, _, vt = np.linalg.svd(m, full_matrices=False)                          # (D, D), (D, D_img)
     return u @ vt                                                             # (D, D_img)
+    # --- end of exercise 14 ---
 
 
 def fit_procrustes(z_text_train, img_train):

@@ -133,10 +133,12 @@ def next_token_targets(tokens):
     """What each real token predicts: the token after it in its caption. tokens: (B, T) int.
     Returns targets (n,) aligned with the packed rows tokens[tokens != PAD] (PAD after a
     caption's last token) and has_target (n,) bool, True for every real token but EOS."""
+    # --- exercise 11: next-token targets ---
     targets = np.full_like(tokens, PAD)                                   # (B, T)
     targets[:, :-1] = tokens[:, 1:]                                       # next token, PAD at end
     targets = targets[tokens != PAD]                                      # (n,) aligned with hf
     return targets, targets != PAD                                        # (n,), (n,)
+    # --- end of exercise 11 ---
 
 
 def mask_words(tokens, rate, rng):
@@ -144,6 +146,7 @@ def mask_words(tokens, rate, rng):
     independently, keeping at least one word per caption: if every word of a caption drew
     "mask", its word with the largest draw stays. tokens: (B, T) int; rate in [0, 1).
     Returns a new (B, T) array; `tokens` is not modified."""
+    # --- exercise 10: masking words ---
     is_word = tokens >= len(SPECIALS)                                     # (B, T)
     u = rng.random(tokens.shape)                                          # (B, T) one draw each
     masked = is_word & (u < rate)                                         # (B, T)
@@ -152,6 +155,7 @@ def mask_words(tokens, rate, rng):
     rows = np.flatnonzero(all_masked & is_word.any(axis=1))
     masked[rows, keep[rows]] = False
     return np.where(masked, MASK, tokens).astype(tokens.dtype)
+    # --- end of exercise 10 ---
 
 
 OBJECTIVES = {"good_views": good_views, "bad_views": bad_views, "next_token": next_token}

@@ -33,6 +33,7 @@ def adam_step(params, grads, state, lr, weight_decay=0.0, decay_embeddings=False
         p <- p - lr * weight_decay * p  (decoupled; only where decays(name))
         p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
     params, grads: {name: array}; state: from adam_init, updated in place; lr: step size."""
+    # --- exercise 9: AdamW step ---
     state["t"] += 1
     t = state["t"]
     step = lr / (1.0 - beta1 ** t)          # bias correction of m folded into the step size
@@ -48,6 +49,7 @@ def adam_step(params, grads, state, lr, weight_decay=0.0, decay_embeddings=False
         denom = np.sqrt(v * v_scale)                                      # same shape as p
         denom += eps
         p -= step * m / denom
+    # --- end of exercise 9 ---
 
 
 def clip_grad_norm(grads, max_norm):

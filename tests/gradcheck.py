@@ -29,20 +29,27 @@ def rel_err(a, b):
     return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), 1e-12)
 
 
-def check_layer(forward, backward, inputs, dy_shape, rng, tol=1e-7):
-    """Gradient check of one forward/backward pair, every element, against numerical_grad.
-    forward(**inputs) -> (y, cache); backward(dy, cache) -> the gradients of forward's float
-    arrays in argument order (one array, or a tuple); arguments after the last gradient
-    (masks, attention biases, sizes) are constants. dy: random of dy_shape drawn from rng,
-    so the loss sum(y * dy) has no accidental zero gradient. Raises AssertionError naming the
-    first input whose relative error is >= tol."""
+def layer_errors(forward, backward, inputs, dy_shape, rng):
+    """Relative error of each gradient of one forward/backward pair against numerical_grad,
+    every element. forward(**inputs) -> (y, cache); backward(dy, cache) -> the gradients of
+    forward's float arrays in argument order (one array, or a tuple); arguments after the last
+    gradient (masks, attention biases, sizes) are constants. dy: random of dy_shape drawn from
+    rng, so the loss sum(y * dy) has no accidental zero gradient. Returns {input name: error}.
+    Raises AssertionError for a wrong number of gradients or a wrong shape."""
     dy = rng.standard_normal(dy_shape)
     loss = lambda: np.sum(forward(**inputs)[0] * dy)
     grads = backward(dy, forward(**inputs)[1])
     grads = (grads,) if isinstance(grads, np.ndarray) else tuple(grads)
     names = [k for k, v in inputs.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
     assert len(grads) <= len(names), f"{len(grads)} gradients for float inputs {names}"
+    errors = {}
     for name, analytic in zip(names, grads):
         assert analytic.shape == inputs[name].shape, f"d{name}: shape {analytic.shape}"
-        err = rel_err(analytic, numerical_grad(loss, inputs[name]))
+        errors[name] = rel_err(analytic, numerical_grad(loss, inputs[name]))
+    return errors
+
+
+def check_layer(forward, backward, inputs, dy_shape, rng, tol=1e-7):
+    """layer_errors, then AssertionError naming the first input whose relative error is >= tol."""
+    for name, err in layer_errors(forward, backward, inputs, dy_shape, rng).items():
         assert err < tol, f"d{name}: relative error {err:.1e}"

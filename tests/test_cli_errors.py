@@ -51,7 +51,7 @@ REFUSED = [  # (argv, the whole of stderr)
                                 "(did you mean train?)"),
     (["xyzzy"], "minialign: error: argument COMMAND: invalid choice: 'xyzzy' (choose from "
                 "'data', 'train', 'bench', 'synthetic', 'evaluate', 'replicate', 'scaling', "
-                "'report', 'export')"),                           # nothing close: all of them
+                "'report', 'export', 'exercises', 'grade')"),     # nothing close: all of them
 ]
 
 

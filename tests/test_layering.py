@@ -25,7 +25,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.fast": 4,
     "machinery.rundir": 2,
     "machinery.embeddings": 2, "machinery.figures": 2, "machinery.slurm": 2,
-    "machinery.speed": 0, "machinery.jobs": 4, "machinery.scaling": 6,
+    "machinery.speed": 0, "machinery.exercises": 0, "machinery.grade": 1, "machinery.jobs": 4, "machinery.scaling": 6,
     "model": 5, "machinery.gemms": 4, "machinery.checkpoint": 4, "machinery.download": 4,
     "machinery.photos": 6, "machinery.synthetic_v2": 0,
     "objectives": 6,
@@ -45,6 +45,7 @@ LAZY_IMPORTS = {
     ("machinery.export", "torch"), ("machinery.export", "transformers"),  # optional extra
     ("machinery.coco", "machinery.download"),   # only `data` needs the network code
     ("machinery.coco", "machinery.photos"),
+    ("machinery.grade", "pytest"),              # the [test] extra: only grading needs it
 }
 CORE = ("minialign", "tokenizer", "data", "layers", "model", "losses", "optim", "metrics",
         "objectives", "train", "__main__")

@@ -18,4 +18,6 @@
                     scaling_report (results.md, fig_scaling)
   data and speed    coco + download + photos (`make data`), bench + gemms + bench_torch +
                     machine
+  the course kit    exercises (the marked bodies, the student copy), grade (each exercise's
+                    tests, one row each); docs/course.md is the lesson plan
 """

@@ -1,11 +1,12 @@
 """The command line, in one place: python -m minialign {data,train,bench,synthetic,evaluate,
-replicate,scaling,report,export} --help.
+replicate,scaling,report,export,exercises,grade} --help.
 
 Each sub-command is an add_*_args function (its options) and a run_* function (what it does
 with them). The training flags are declared once, in flags.TRAIN_FLAGS (from the config
 dataclasses); a command lists the fields it exposes, and flags.config_from_args builds its
 TrainConfig. Every error is one line, `minialign COMMAND: error: ...`, exit code 2 (a
-mistyped flag's line names the closest real one); --help prints the whole usage. SIGTERM
+mistyped flag's line names the closest real one), and so is reaching an exercise a student
+copy has not done yet (exercises.py); --help prints the whole usage. SIGTERM
 (`kill`, `timeout`, Slurm) stops a command as Ctrl-C does, with the same resume hint.
 """
 import argparse
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import (bench, caption_stats, coco, compare, evaluate, export, photos, replicate,
-               report, scaling_report, scaling_run, slurm_runs, synthetic)
+from . import (bench, caption_stats, coco, compare, evaluate, exercises, export, grade, photos,
+               replicate, report, scaling_report, scaling_run, slurm_runs, synthetic)
 from .jobs import Terminated, sigterm_interrupts
 from .machine import available_cores, use_cores
 from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
@@ -27,6 +28,7 @@ from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_
 from .rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
+EXIT_NOT_PASSED = 1  # `grade`: some exercise did not pass (the table says which)
 EXIT_INTERRUPTED = 128 + signal.SIGINT    # 130: stopped by Ctrl-C, as a shell reports it
 EXIT_TERMINATED = 128 + signal.SIGTERM    # 143: stopped by SIGTERM (kill, timeout, Slurm)
 RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest continues
@@ -357,6 +359,28 @@ def run_export(args):
                              num_photos=args.num_photos, seed=args.seed, force=args.force)
 
 
+def add_exercises_args(p):
+    p.add_argument("out", nargs="?", metavar="OUT",
+                   help="where the student copy goes: a new or empty directory")
+    p.add_argument("--solved", nargs="+", type=positive_int, default=[], action=UniqueList,
+                   metavar="N", help="exercises to leave solved in the copy, each once")
+    p.add_argument("--list", action="store_true", help="only list the exercises, write nothing")
+
+
+def run_exercises(args):
+    exercises.run_exercises(args.out, args.solved, args.list)
+
+
+def add_grade_args(p):
+    p.add_argument("numbers", nargs="*", type=positive_int, metavar="N",
+                   help="exercises to grade (default: all)")
+    p.add_argument("--json", action="store_true", help="the rows, and every test's, as JSON")
+
+
+def run_grade(args):
+    grade.run_grade(args.numbers, args.json)
+
+
 COMMANDS = {  # name: (help, add_args, run), in --help's order
     "data": ("one-time: COCO 2017 captions, the replication's 10,000-photo subset and its "
              "photos", add_data_args, run_data),
@@ -377,6 +401,10 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
                run_report),
     "export": ("one-time: COCO images -> frozen DINOv2 embeddings (.npz); needs the [export] "
                "extra", add_export_args, run_export),
+    "exercises": ("the course kit: a student copy of this repository with every exercise "
+                  "blanked (docs/course.md)", add_exercises_args, run_exercises),
+    "grade": ("the course kit: each exercise's own tests, one row per exercise",
+              add_grade_args, run_grade),
 }
 
 
@@ -402,16 +430,25 @@ def run_command(args):
 
 
 def main(argv=None):
-    """Parse, run the command; returns the exit code (0, 2 bad input, 3 diverged, 130 Ctrl-C,
-    143 SIGTERM). A bad flag exits at once with code 2 (SystemExit, one line)."""
+    """Parse, run the command; returns the exit code (0, 1 an exercise not passed, 2 bad input
+    or an exercise not done, 3 diverged, 130 Ctrl-C, 143 SIGTERM). A bad flag exits at once
+    with code 2 (SystemExit, one line)."""
     args = parser().parse_args(argv)
     try:
         run_command(args)
     except Diverged as e:                            # the run's own outcome, recorded on disk
         print(f"minialign {args.command}: {e}", file=sys.stderr)   # e says "diverged"
         return EXIT_DIVERGED
+    except grade.NotAllPassed:                       # grade printed which
+        return EXIT_NOT_PASSED
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except NotImplementedError as e:                 # an exercise's stub, in a student copy
+        todo = exercises.unfinished(e)
+        if todo is None:
+            raise
+        print(f"minialign {args.command}: {todo}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:                # Ctrl-C, or SIGTERM (Terminated)
         how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"

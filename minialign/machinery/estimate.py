@@ -94,6 +94,7 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
                 jobs_.stop_all(processes)
             if any(p.exitcode == jobs_.EXIT_INTERRUPTED for p in processes):
                 raise KeyboardInterrupt
+            jobs_.raise_unfinished([p.exitcode for p in processes])   # an exercise stub
             if any(p.exitcode != 0 for p in processes):
                 raise OSError(f"the {objective} timing process failed (exit codes "
                               f"{[p.exitcode for p in processes]}; its error is above)")

@@ -22,6 +22,10 @@ sends each live child one SIGINT too (for a SIGINT sent to the parent alone), th
 SIGTERM (`kill`, `timeout` and Slurm, which signal the whole group) is a Ctrl-C too, in the
 parent (sigterm_interrupts: Terminated) and in the children, so a killed grid exits cleanly,
 its multiprocessing semaphores released, and resumes like an interrupted one.
+
+A child that reaches an exercise's stub (a student copy, exercises.py) exits EXIT_EXERCISE + N
+and prints nothing; raise_unfinished makes the parent raise that stub's error, so the command
+says which exercise in its one line.
 """
 import contextlib
 import heapq
@@ -36,9 +40,11 @@ from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 
 from . import rows
+from .exercises import stub_error, stub_number
 from .machine import available_cores, keep_freed_memory, use_cores
 
 EXIT_INTERRUPTED = 130     # a child stopped by Ctrl-C (as `python -m minialign`)
+EXIT_EXERCISE = 64         # + N: a child reached exercise N's stub (N < 64)
 STOP_GRACE_S = 60          # seconds a child may take to stop after SIGINT before SIGKILL
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}    # Ctrl-C; kill, timeout, Slurm
 
@@ -212,8 +218,8 @@ def _child(target, args, threads, log_path, cores):
     terminal), `threads` cores, then as many as the shared integer `cores` says (rows.follow;
     threads None: numpy's default, not followed), SIGINT once, then target(*args). Exit code:
     target's return value (an int) or 0, EXIT_INTERRUPTED after Ctrl-C or SIGTERM, 2 after
-    OSError / ValueError (its message on the log's last line), 1 after anything else
-    (traceback in the log)."""
+    OSError / ValueError (its message on the log's last line), EXIT_EXERCISE + N after exercise
+    N's stub, 1 after anything else (traceback in the log)."""
     for stop in STOP_SIGNALS:
         signal.signal(stop, _interrupt_once)
     keep_freed_memory()                        # as python -m minialign does (machine.py)
@@ -234,8 +240,21 @@ def _child(target, args, threads, log_path, cores):
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except NotImplementedError as err:         # an exercise not done yet: its number
+        number = stub_number(err)
+        if number is None:
+            raise
+        sys.exit(EXIT_EXERCISE + number)
     sys.stdout.flush()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def raise_unfinished(exitcodes):
+    """Raise the NotImplementedError of exercise N's stub if one of the children's exit codes
+    is EXIT_EXERCISE + N (exercises.stub_error); else nothing."""
+    for code in exitcodes:
+        if code is not None and EXIT_EXERCISE < code < EXIT_EXERCISE + 64:
+            raise stub_error(code - EXIT_EXERCISE)
 
 
 def start(target, args, threads, log_path, started):

@@ -250,6 +250,7 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
     log = child_log(out, name)
     if exitcode == jobs_.EXIT_INTERRUPTED:
         raise KeyboardInterrupt
+    jobs_.raise_unfinished([exitcode])           # an exercise not done yet, in a student copy
     if exitcode not in (0, EXIT_DIVERGED):
         how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
         raise OSError(f"{name}: the run's process failed ({how}): "
