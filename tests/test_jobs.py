@@ -18,7 +18,7 @@ import pytest
 
 from minialign import train
 from minialign.machinery import cli, estimate, jobs, replicate, synthetic
-from minialign.machinery.files import DirLock
+from minialign.machinery.dirlock import DirLock
 from minialign.machinery.protocol import Protocol, run_name
 from minialign.model import ModelConfig
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import (LOCK_FILE, TMP_SUFFIX, DirLock, atomic_savez, load_npz,
-                    remove_stale_temporaries)
+from .dirlock import LOCK_FILE, DirLock
+from .files import TMP_SUFFIX, atomic_savez, load_npz, remove_stale_temporaries
 from .rundir import (CAPTION_FILE, CAPTIONS_DIR, CHECKPOINT, CONFIG, DIVERGED, LOG, METRICS,
                      RUN_FILES, read_metrics, read_run_config, upgrade_config, write_metrics)
 
@@ -137,7 +137,7 @@ def open_run(out, cfg, force, resume, inputs=()):
     """Lock `out` for one training run and say how it starts: yields run_state's "new",
     "restart", "checkpoint", "finished" or "diverged" ("new" without resume). Before locking:
     force must find a run directory to replace (check_replaceable, `inputs` e.g. the captions
-    file), and without force or resume `out` must be empty (FileExistsError; files.DirLockedError
+    file), and without force or resume `out` must be empty (FileExistsError; dirlock.DirLockedError
     naming the process when a run is in progress there). Under the lock, a run that will train
     loses its stale temporary files, and a "new" or "restart" one its earlier files."""
     out = Path(out)

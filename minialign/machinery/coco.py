@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from .embeddings import sha256_file
-from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
+from .dirlock import DirLock
+from .files import atomic_write_bytes, fsync_dir, read_json
 from .monitor import has_word
 from ..tokenizer import clean_caption
 
@@ -268,7 +269,7 @@ def fetch_subset_images(subset, images_dir, workers=8, progress=None):
 
 def run_data(root, num_photos, seed, images, workers, annotations_url, force):
     """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
-    One process at a time per --root (files.DirLock)."""
+    One process at a time per --root (dirlock.DirLock)."""
     with DirLock(root):
         paths = get_annotations(root, annotations_url)
         subset = ensure_subset(paths["train"], subset_path(root, num_photos, seed),

@@ -105,7 +105,7 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
                 "val_eval_s": val_eval_s,
                 "prepare_s": statistics.median(r["prepare_s"] for r in found),
                 "final_eval_s": val_eval_s * sum(photos.values()) / photos["val"],
-                "peak_rss_mb": max(r["peak_rss_mb"] for r in found)}
+                "peak_rss_mb": bench.max_rss(r["peak_rss_mb"] for r in found)}
     return measured
 
 
@@ -144,7 +144,7 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
     steps = ", ".join(f"{obj} {m['ms_per_step']:.0f} ms/step" for obj, m in measured.items())
     evals = ", ".join(f"{m['val_eval_s']:.1f} s" for m in measured.values())
     prep = max(m["prepare_s"] for m in measured.values())
-    rss = max(m["peak_rss_mb"] for m in measured.values())
+    rss = bench.rss_text(bench.max_rss(m["peak_rss_mb"] for m in measured.values()))
     search = (f"lr search {protocol.lr_min:.2e}..{protocol.lr_max:.2e}, "
               f"{protocol.lr_per_decade}/decade" if protocol.lr_per_decade else "no lr search")
     extra = (f", up to {hours(estimate['seconds_max'])} if every lr search extends its grid "
@@ -156,7 +156,7 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
         f"{b.eval_every} steps; --jobs {jobs} x --threads {threads}",
         f"[estimate] measured with {jobs} timing process(es) at once, {threads} thread(s) "
         f"each: {steps}; one val evaluation {evals}; reading the captions {prep:.1f} s; "
-        f"peak memory {rss:,.0f} MB per run "
+        f"peak memory per run {rss} "
         f"(--jobs checks ~{per_run_mb:,.0f} MB)",
         f"[estimate] this grid on this machine: {hours(estimate['seconds'])}{extra}"])
 

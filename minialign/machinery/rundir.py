@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..tokenizer import Tokenizer
-from .files import LOCK_FILE, atomic_savez, atomic_write_json, load_npz, read_json
+from .dirlock import LOCK_FILE
+from .files import atomic_savez, atomic_write_json, load_npz, read_json
 
 CONFIG = "config.json"         # the run's TrainConfig
 LOG = "log.jsonl"              # one line per step
