@@ -185,7 +185,7 @@ def choose_jobs(protocol, args, vocab_size):
     may not fit gets a warning (the estimate errs high; swap may hold the rest)."""
     per_run_mb = max(jobs_.run_memory_mb(run_config(protocol, obj, protocol.seeds[0]),
                                          vocab_size) for obj in protocol.objectives)
-    available_mb, cores = jobs_.mem_available_mb(), available_cores()
+    (available_mb, source), cores = jobs_.available_memory(), available_cores()
     runs = len({run_name(cfg) for cfg in planned_runs(protocol)})
     jobs = args.jobs or jobs_.default_jobs(cores, per_run_mb, available_mb, runs)
     try:
@@ -195,8 +195,10 @@ def choose_jobs(protocol, args, vocab_size):
             raise
         print(f"warning: {err}".replace("; use --jobs 1 or fewer", ""), file=sys.stderr)
     threads = args.threads or (jobs_.threads_per_run(jobs, cores) if jobs > 1 else None)
-    memory = (f"~{per_run_mb:,.0f} MB per run of {available_mb:,.0f} MB available"
-              if available_mb is not None else "available memory unknown")
+    memory = ("available memory not known here: --jobs is not checked against it"
+              if available_mb is None else f"~{per_run_mb:,.0f} MB per run of "
+              f"{available_mb:,.0f} MB available" + ("" if source == "MemAvailable"
+                                                      else f" ({source})"))
     print(f"[{getattr(args, 'command', 'replicate')}] --jobs {jobs}{'' if args.jobs else ' (default)'} x --threads "
           f"{threads or describe()['blas_threads']}: {cores} cores, {memory}", flush=True)
     if jobs * (threads or 1) > cores:

@@ -58,6 +58,7 @@ MEM_HEAD_CHUNKS = 4            # next_token: logits blocks of rows.GEMM_BLOCK ro
 MEM_MARGIN = 1.15              # headroom over the fit (allocator slack, evaluation batches)
 TOKENS_PER_CAPTION = 13.5      # mean real tokens of a COCO caption, BOS and EOS included
 MEM_SAFETY_MB = 500            # memory left to the rest of the machine, MB
+MEM_TOTAL_SHARE = 0.5          # where only the total memory is known: the share deemed available
 
 
 # ---------------------------------------------------------------- memory
@@ -91,6 +92,33 @@ def mem_available_mb(meminfo="/proc/meminfo"):
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def sysconf_mb(sysconf, pages):
+    """os.sysconf(pages) x the page size, MB, or None where this platform has no such name."""
+    try:
+        return sysconf(pages) * sysconf("SC_PAGE_SIZE") / 2**20
+    except (ValueError, OSError, TypeError):
+        return None
+
+
+def available_memory(meminfo="/proc/meminfo", sysconf=getattr(os, "sysconf", None)):
+    """(MB new runs may use, where that number comes from) for --jobs: Linux's MemAvailable;
+    else the free pages (os.sysconf SC_AVPHYS_PAGES: BSD, Solaris); else MEM_TOTAL_SHARE of
+    the physical memory (SC_PHYS_PAGES: macOS, whose free pages leave out its file cache); else
+    (None, None): not known (Windows, no os.sysconf), --jobs is not checked against memory."""
+    found = mem_available_mb(meminfo)
+    if found is not None:
+        return found, "MemAvailable"
+    if sysconf is not None:
+        free = sysconf_mb(sysconf, "SC_AVPHYS_PAGES")
+        if free is not None:
+            return free, "free memory"
+        total = sysconf_mb(sysconf, "SC_PHYS_PAGES")
+        if total is not None:
+            return MEM_TOTAL_SHARE * total, (f"{MEM_TOTAL_SHARE:.0%} of {total:,.0f} MB in "
+                                             "all: what is free is not known here")
+    return None, None
 
 
 def check_jobs_fit(jobs, per_run_mb, available_mb):
