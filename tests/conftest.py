@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,11 @@ def server():
     from localhttp import serve
     with serve() as srv:
         yield srv
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which comparison the reference tests made (exact or to a tolerance), when they ran."""
+    reference = sys.modules.get("test_reference")
+    if reference is not None and terminalreporter.stats.get("passed", []) + \
+            terminalreporter.stats.get("failed", []):
+        terminalreporter.write_line(reference.comparison()[1])

@@ -160,3 +160,137 @@ def test_replicate_evaluate_and_report_without_fcntl_and_resource(hidden, world,
     report = minialign(hidden, "report", out)
     assert report.returncode == 0, report.stderr
     assert "| good_views |" in (out / "results.md").read_text()
+
+
+# ---------------------------------------------------------------- macOS and other BLAS libraries
+class Usage:
+    ru_maxrss = 2**30                           # what getrusage reports: KiB or bytes
+
+
+class FakeResource:
+    RUSAGE_SELF = 0
+
+    @staticmethod
+    def getrusage(who):
+        return Usage
+
+
+def test_peak_memory_reads_ru_maxrss_in_each_platforms_unit(monkeypatch):
+    monkeypatch.setattr(bench, "resource", FakeResource)
+    assert bench.peak_rss_mb("darwin") == 1024.0                 # bytes on macOS
+    assert bench.peak_rss_mb("linux") == 1024.0 ** 2             # KiB on Linux
+    assert bench.peak_rss_mb("freebsd13") == 1024.0 ** 2
+    monkeypatch.setattr(bench, "resource", None)                 # Windows
+    assert bench.peak_rss_mb("win32") is None and bench.rss_text(None) == "not measured here"
+    assert bench.max_rss([None, 12.0, None]) == 12.0 and bench.max_rss([None]) is None
+    assert bench.rss_text(1234.4) == "1,234 MB"
+
+
+def fake_sysconf(names):
+    """os.sysconf answering only `names` ({name: value}), ValueError for the rest, as a
+    platform without that name does."""
+    def sysconf(name):
+        if name not in names:
+            raise ValueError("unrecognized configuration name")
+        return names[name]
+    return sysconf
+
+
+def test_jobs_memory_without_proc_meminfo(tmp_path):
+    absent = tmp_path / "meminfo"
+    macos = fake_sysconf({"SC_PHYS_PAGES": 4_194_304, "SC_PAGE_SIZE": 4096})   # 16 GiB
+    assert jobs.available_memory(absent, macos) == (
+        8192.0, "50% of 16,384 MB in all: what is free is not known here")
+    bsd = fake_sysconf({"SC_AVPHYS_PAGES": 262_144, "SC_PHYS_PAGES": 4_194_304,
+                        "SC_PAGE_SIZE": 4096})
+    assert jobs.available_memory(absent, bsd) == (1024.0, "free memory")
+    assert jobs.available_memory(absent, None) == (None, None)            # Windows
+    assert jobs.default_jobs(2, 500, None, runs=9) == 2     # unknown: one run per core
+    absent.write_text("MemTotal:       24684000 kB\nMemAvailable:    2048000 kB\n")
+    assert jobs.available_memory(absent, macos) == (2000.0, "MemAvailable")    # Linux
+
+
+@pytest.fixture
+def other_blas(monkeypatch):
+    """numpy on a BLAS that is not OpenBLAS: no openblas_* function, another build record."""
+    library = {"name": "accelerate", "version": "unknown", "core": None}
+    monkeypatch.setattr(machine, "_openblas", lambda function: None)
+    monkeypatch.setattr(machine, "blas_library", lambda: dict(library))
+    for name in ("VECLIB_MAXIMUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    machine.unpinned_note.cache_clear()
+    before = machine.cores()
+    yield library
+    machine.unpinned_note.cache_clear()
+    machine.rows.set_threads(before)
+
+
+def test_another_blas_is_fixed_by_its_variable_or_the_command_says_once(other_blas,
+                                                                         monkeypatch, capsys):
+    assert machine.use_cores(2) is False and machine.use_cores(1) is False
+    assert capsys.readouterr().err == (
+        "note: numpy's BLAS (accelerate) may run several threads here (VECLIB_MAXIMUM_THREADS=1 "
+        "before numpy is imported): a run's numbers can differ between --threads values "
+        "(docs/platforms.md)\n")                                  # once, not twice
+    monkeypatch.setenv("VECLIB_MAXIMUM_THREADS", "1")           # as python -m minialign sets it
+    assert machine.use_cores(2) is True and machine.cores() == 2
+    other_blas.update(name="mkl-sdl")
+    assert machine.use_cores(2) is False and "(mkl-sdl)" in capsys.readouterr().err
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    assert machine.use_cores(2) is True
+    other_blas.update(name="netlib")
+    assert machine.use_cores(1) is False
+    assert "no known way to fix its threads" in capsys.readouterr().err
+
+
+def test_the_entry_point_sets_one_thread_unless_the_user_did_or_the_command_is_export():
+    from minialign.machinery.blasenv import one_blas_thread
+    env = {"MKL_NUM_THREADS": "4"}
+    assert one_blas_thread(env, ["train", "--steps", "3"]) == [
+        "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS"]
+    assert env == {"MKL_NUM_THREADS": "4", "VECLIB_MAXIMUM_THREADS": "1",
+                   "BLIS_NUM_THREADS": "1"}
+    assert one_blas_thread({}, ["export", "--out", "e.npz"]) == []
+
+
+SEE_NUMPY_LOAD = '''
+import os, sys
+class See:
+    """Say what VECLIB_MAXIMUM_THREADS was when numpy was first imported."""
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            print("numpy sees", os.environ.get("VECLIB_MAXIMUM_THREADS"), file=sys.stderr)
+            sys.meta_path.remove(self)
+sys.meta_path.insert(0, See())
+'''
+
+
+def test_python_m_minialign_sets_the_variables_before_numpy_loads(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(SEE_NUMPY_LOAD)
+    env = {k: v for k, v in os.environ.items() if k != "VECLIB_MAXIMUM_THREADS"}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}"
+    done = minialign(env, "train", "--help")
+    assert done.returncode == 0 and done.stderr == "numpy sees 1\n"
+
+
+def test_openblas_is_found_beside_numpy_without_proc_self_maps(tmp_path):
+    """macOS and Windows have no /proc/self/maps: the OpenBLAS numpy's wheel ships beside it."""
+    from minialign.machinery import rows
+    beside = [p for p in rows.openblas_paths()
+              if Path(p).parent.name in ("numpy.libs", ".dylibs", "lib")]
+    if not beside:
+        pytest.skip("this numpy's OpenBLAS is not one its wheel ships (a system library)")
+    assert set(beside) <= set(rows.openblas_paths(tmp_path / "no-maps"))
+
+
+def test_blas_library_without_numpys_build_record(monkeypatch):
+    """numpy < 1.26 has no show_config(mode="dicts"): OpenBLAS's own config names it."""
+    recorded = machine.blas_library()
+    if recorded["core"] is None:
+        pytest.skip(f"numpy's BLAS here is {recorded['name']}, not OpenBLAS")
+
+    def show_config():                          # numpy 1.25's signature: no mode
+        pass
+    monkeypatch.setattr(np, "show_config", show_config)
+    assert machine.blas_library() == {"name": "openblas", "version": recorded["version"],
+                                      "core": recorded["core"]}
