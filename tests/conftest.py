@@ -1,7 +1,15 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+from minialign.machinery.blasenv import one_blas_thread
+
+# Before any test imports numpy: its BLAS on one thread, as `python -m minialign` sets it
+# (blasenv.py), so a bit-identity test of the same code on 1, 2 or 3 pool threads holds on
+# Accelerate, MKL and BLIS too (OpenBLAS: machine.use_cores).
+one_blas_thread(os.environ, [])
 
 SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"  # beside the checkout
 REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"

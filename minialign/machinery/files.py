@@ -14,6 +14,7 @@ and `remove_stale_temporaries` deletes such files under a held dirlock.DirLock (
 per run directory: dirlock.py).
 """
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -24,6 +25,7 @@ import numpy as np
 
 TMP_SUFFIX = ".minialign-tmp"        # temporary files are ".<name>.<random>" + TMP_SUFFIX
 ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamp: the same arrays give the same bytes
+HASH_CHUNK_BYTES = 1 << 20           # sha256_file reads 1 MiB at a time
 
 
 # ---------------------------------------------------------------- writing
@@ -122,6 +124,15 @@ def remove_stale_temporaries(directory):
 
 
 # ---------------------------------------------------------------- reading
+def sha256_file(path):
+    """Hex sha256 of a file's bytes (what `sha256sum` prints), read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_json(path, kind="JSON file"):
     """The parsed JSON object in `path`. Raises FileNotFoundError or ValueError with one line
     that starts with the path: missing, a folder, empty, truncated, not UTF-8, not JSON, or

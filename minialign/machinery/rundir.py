@@ -80,6 +80,12 @@ def read_run_config(run_dir):
 
 
 
+def read_run_info(run_dir):
+    """The "info" dict of run_dir/config.json ({} when absent); read_run_config checks the file."""
+    info = read_json(Path(run_dir) / CONFIG, "run config (config.json)").get("info")
+    return info if isinstance(info, dict) else {}
+
+
 def check_run_format(config, path):
     """Refuse a run directory written by a newer minialign. config: the parsed config.json
     (its top-level "format", absent in runs written before it existed = 1); path: the file,
