@@ -11,6 +11,10 @@ from minialign.machinery.blasenv import one_blas_thread
 # Accelerate, MKL and BLIS too (OpenBLAS: machine.use_cores).
 one_blas_thread(os.environ, [])
 
+# a test that signals another process as a terminal, `kill` or `timeout` does (SIGINT, SIGTERM
+# to a process or its group): Windows has no such signals (docs/platforms.md)
+POSIX_SIGNALS = pytest.mark.skipif(os.name == "nt", reason="sends POSIX signals, which Windows "
+                                                           "does not have")
 SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"  # beside the checkout
 REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import POSIX_SIGNALS
 from minialign.machinery import cli, evaluate, flags, synthetic
 from minialign.__main__ import main
 
@@ -113,6 +114,7 @@ def test_ctrl_c_of_a_grid_says_every_interrupted_run_resumes(command, monkeypatc
         f"yet)\n")
 
 
+@POSIX_SIGNALS
 def test_sigterm_stops_train_like_ctrl_c(world, tmp_path):
     out = tmp_path / "run"
     train = start(["train", "--objective", "good_views", "--captions", world["captions"],
@@ -128,6 +130,7 @@ def test_sigterm_stops_train_like_ctrl_c(world, tmp_path):
     assert (out / "config.json").is_file() and not list(out.glob("*.tmp*"))
 
 
+@POSIX_SIGNALS
 def test_sigterm_to_a_dry_run_group_leaks_no_semaphore(world, tmp_path):
     """As `timeout` does: SIGTERM to the whole group, the parent and its timing processes.
     The encoder is big enough that timing lasts ~7 s (TINY's whole dry run took 2.9 s: the

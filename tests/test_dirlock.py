@@ -4,7 +4,6 @@ is stood in for by POSIX record locks with its contract (a lock from the file po
 when held); the pidfile backend (neither fcntl nor msvcrt) runs as itself.
 (The same lock with fcntl hidden, in `train`: test_platforms.py; in a real run: test_faults.py.)"""
 import errno
-import fcntl
 import os
 import socket
 import subprocess
@@ -13,10 +12,19 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import fcntl
+except ImportError:                    # Windows: its own msvcrt, no flock
+    fcntl = None
+
 from minialign.machinery import dirlock
 from minialign.machinery.dirlock import LOCK_FILE, DirLock, DirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = [pytest.param("flock", marks=pytest.mark.skipif(fcntl is None, reason="no fcntl")),
+            "msvcrt",                                  # Windows' own, elsewhere FakeMsvcrt
+            pytest.param("pidfile", marks=pytest.mark.skipif(
+                os.name == "nt", reason="pid liveness is not checked on Windows"))]
 
 
 class FakeMsvcrt:
@@ -41,7 +49,7 @@ import sys, time
 sys.path.insert(0, sys.argv[3])
 from minialign.machinery import dirlock
 from test_dirlock import FakeMsvcrt
-dirlock.msvcrt = FakeMsvcrt
+dirlock.msvcrt = dirlock.msvcrt or FakeMsvcrt
 lock = dirlock.DirLock(sys.argv[1], backend=sys.argv[2]).acquire()
 print("locked", flush=True)
 time.sleep(60)
@@ -57,10 +65,10 @@ def hold(directory, backend):
     return holder
 
 
-@pytest.mark.parametrize("backend", ["flock", "msvcrt", "pidfile"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_second_process_is_refused_and_a_killed_holder_never_blocks(backend, tmp_path,
                                                                       monkeypatch):
-    monkeypatch.setattr(dirlock, "msvcrt", FakeMsvcrt)
+    monkeypatch.setattr(dirlock, "msvcrt", dirlock.msvcrt or FakeMsvcrt)
     holder = hold(tmp_path / "run", backend)
     try:
         with pytest.raises(DirLockedError) as err:
@@ -79,7 +87,7 @@ def test_a_second_process_is_refused_and_a_killed_holder_never_blocks(backend, t
 
 
 def test_the_backend_is_chosen_by_what_the_platform_has(monkeypatch):
-    assert dirlock.lock_backend() == "flock"                     # this machine: fcntl
+    assert dirlock.lock_backend() == ("msvcrt" if os.name == "nt" else "flock")
     monkeypatch.setattr(dirlock, "fcntl", None)
     monkeypatch.setattr(dirlock, "msvcrt", FakeMsvcrt)
     assert dirlock.lock_backend() == "msvcrt"                    # Windows
@@ -94,6 +102,7 @@ def dead_pid():
     return child.pid
 
 
+@pytest.mark.skipif(os.name == "nt", reason="pid liveness is not checked on Windows")
 @pytest.mark.parametrize("line, taken", [
     ("pid {dead} on {host}, started 2026-01-01 00:00:00: python -m minialign train", True),
     ("pid {me} on {host}, started 2026-01-01 00:00:00: python -m minialign train", False),

@@ -2,8 +2,10 @@
 those imports made to fail in a child process), and with macOS's or another BLAS's answers
 simulated (sys.platform, the memory and BLAS readers). docs/platforms.md lists what remains
 assumed."""
+import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import POSIX_SIGNALS
 from minialign.machinery import bench, cli, dirlock, jobs, machine, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +85,7 @@ def test_every_module_imports_without_fcntl_and_resource(hidden):
     assert int(count) > 40 and backend == "pidfile" and peak == "None"
 
 
+@POSIX_SIGNALS
 def test_train_ctrl_c_and_resume_without_fcntl_and_resource(hidden, world, tmp_path):
     out, steps = tmp_path / "run", 300
     run = subprocess.Popen([sys.executable, "-m", "minialign", *map(str, train_argv(
@@ -294,3 +298,28 @@ def test_blas_library_without_numpys_build_record(monkeypatch):
     monkeypatch.setattr(np, "show_config", show_config)
     assert machine.blas_library() == {"name": "openblas", "version": recorded["version"],
                                       "core": recorded["core"]}
+
+
+# ---------------------------------------------------------------- the oldest Python allowed
+VERMIN = "import sys, vermin; sys.argv[0] = 'vermin'; sys.exit(vermin.main())"
+
+
+def vermin(*argv):
+    if importlib.util.find_spec("vermin") is None:
+        pytest.skip("vermin is not installed (a dev tool, not a dependency: pip install -e "
+                    "'.[dev]' to run this check)")
+    return subprocess.run([sys.executable, "-c", VERMIN, "-q", "--no-tips", "--violations",
+                           "--eval-annotations", *map(str, argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_syntax_and_standard_library_need_nothing_newer_than_requires_python(tmp_path):
+    """vermin's static check of every file of the package and its tests against pyproject's
+    requires-python; it finds what it should (a `match` statement needs 3.10)."""
+    oldest = re.search(r'^requires-python = ">=(3\.\d+)"$', (ROOT / "pyproject.toml").read_text(),
+                       re.M).group(1)
+    done = vermin(f"-t={oldest}-", "minialign", "tests")
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+    (tmp_path / "new.py").write_text("match 1:\n    case 1:\n        pass\n")
+    newer = vermin("-t=3.9-", tmp_path / "new.py")
+    assert newer.returncode != 0 and "pattern matching requires !2, 3.10" in newer.stdout

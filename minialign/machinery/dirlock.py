@@ -78,7 +78,10 @@ def unlock(fd, backend):
 
 def pid_alive(pid):
     """Whether process `pid` exists on this machine (os.kill(pid, 0)); True when it cannot
-    tell, so that a lock is never taken from a process that may be running."""
+    tell, so that a lock is never taken from a process that may be running. On Windows
+    os.kill(pid, 0) would send Ctrl-C (signal 0 is CTRL_C_EVENT there): it is never called."""
+    if os.name == "nt":
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
