@@ -184,6 +184,8 @@ def test_peak_memory_reads_ru_maxrss_in_each_platforms_unit(monkeypatch):
     assert bench.peak_rss_mb("darwin") == 1024.0                 # bytes on macOS
     assert bench.peak_rss_mb("linux") == 1024.0 ** 2             # KiB on Linux
     assert bench.peak_rss_mb("freebsd13") == 1024.0 ** 2
+    monkeypatch.setattr(sys, "platform", "darwin")                # this process, as on a Mac
+    assert bench.peak_rss_mb() == 1024.0
     monkeypatch.setattr(bench, "resource", None)                 # Windows
     assert bench.peak_rss_mb("win32") is None and bench.rss_text(None) == "not measured here"
     assert bench.max_rss([None, 12.0, None]) == 12.0 and bench.max_rss([None]) is None
