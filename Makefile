@@ -131,9 +131,9 @@ eta-quick:          ## how long `make replicate-quick` will take here; writes no
 	$(PY) -m minialign replicate $(QUICK_ARGS) --dry-run
 
 # The grid on a SYNTHETIC world (no COCO needed; world v2, calibrated to COCO's caption
-# statistics, #22): D=64, 1 block, 500 steps x 64 photos (the val curves flat over their last
+# statistics, #22): D=64, 1 block, 500 steps x 128 photos (the val curves flat over their last
 # evaluations), an lr search over 1e-3..1e-2, every curve from step 0 (the untrained encoder).
-# ~10 CPU-minutes: ~5 min on 2 cores. Its matrices are tiny, so one BLAS thread is the fastest.
+# ~6.5 CPU-minutes: 3-4 min on 2 cores. Its matrices are tiny, so one BLAS thread is the fastest.
 demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr search, synthetic, ~5 min
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign replicate \
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \

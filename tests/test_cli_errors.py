@@ -50,6 +50,9 @@ REFUSED = [  # (argv, the whole of stderr)
     ([], "minialign: error: the following arguments are required: COMMAND"),
     (["trian", "--steps", "2"], "minialign: error: argument COMMAND: invalid choice: 'trian' "
                                 "(did you mean train?)"),
+    (["train", "--objective", "good_view", "--captions", "c.json", "--out", "r"],
+     "minialign train: error: argument --objective: invalid choice: 'good_view' (choose from "
+     "'bad_views', 'good_views', 'next_token') (did you mean good_views?)"),
     (["xyzzy"], "minialign: error: argument COMMAND: invalid choice: 'xyzzy' (choose from "
                 "'data', 'train', 'bench', 'synthetic', 'evaluate', 'replicate', 'scaling', "
                 "'report', 'export', 'exercises', 'grade')"),     # nothing close: all of them

@@ -94,9 +94,11 @@ def test_sigreg_replaces_var_cov_in_all_three_objectives():
                                             rel=1e-12)
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+@pytest.mark.parametrize("name", ("good_views", "bad_views", "next_token"))
 def test_only_sigreg_draws_from_rng(name):
-    """VICReg draws nothing more (VICReg runs stay bit-identical), SIGReg one (D, M) array."""
+    """VICReg draws nothing more (VICReg runs stay bit-identical), SIGReg one (D, M) array.
+    The three objectives of the replication only: an objective a student adds (docs/course.md's
+    final project) need not take an anti-collapse term at all."""
     params, batch = tiny_params(np.random.default_rng(5)), tiny_batch()
     after = {}
     for anticollapse in ANTICOLLAPSE:

@@ -19,13 +19,24 @@ import sys
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")   # argparse's own test of a value like -1
 
 
+def closest_choice(message):
+    """argparse's "invalid choice: 'good_view' (choose from ...)" with the closest choice named
+    ("... (did you mean good_views?)"); any other message as it is."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not found or "did you mean" in message:
+        return message
+    choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+    close = difflib.get_close_matches(found.group(1), choices, n=1)
+    return message + (f" (did you mean {close[0]}?)" if close else "")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but every refusal is ONE line, `minialign COMMAND: error: MESSAGE` (no usage
     block above it: --help prints that), exit code 2; an unrecognized flag names the closest
     flag of its command (did_you_mean). Sub-command parsers are of this class too."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {message}\n")
+        self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {closest_choice(message)}\n")
 
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but unrecognized arguments are refused by the parser of the command
