@@ -54,11 +54,13 @@ train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME
 	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) --out $(RUN) $(if $(RESUME),--resume) \
 	    $(if $(FORCE),--force)
 
+# bench and bench-torch time a real COCO batch: the first captions file replicate-quick finds
+BENCH_CAPTIONS = $(if $(QUICK_CAPTIONS),--captions $(QUICK_CAPTIONS))
 bench:              ## ms/step of each objective, on the fast and on the reference layer set
-	$(PY) -m minialign bench
+	$(PY) -m minialign bench $(BENCH_CAPTIONS)
 
 bench-torch:        ## minialign vs PyTorch eager (benchmarks/torch_step.py) on the same batch, A B A B; needs the [bench] extra
-	$(PY) -m minialign.machinery.bench_torch --pairs 3 --max-len 16
+	$(PY) -m minialign.machinery.bench_torch --pairs 3 --max-len 16 $(BENCH_CAPTIONS)
 
 # ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in

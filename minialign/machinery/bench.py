@@ -39,15 +39,18 @@ from ..train import prepare, train_step
 from .gemms import attention_grids, replay_gemms, step_gemms
 from .machine import OPENBLAS_ENV, blas_on, cores, describe
 
-DEFAULT_CAPTIONS = Path(__file__).resolve().parents[3] / "shared" / "coco" / "captions_val2017.json"
+# the captions to time, inside the checkout: what `make data` writes, else COCO's own val2017 file
+CAPTION_FILES = ("coco/captions_train2017_subset10000_seed0.json",
+                 "coco/annotations/captions_val2017.json")
+DEFAULT_CAPTIONS = next((f for f in CAPTION_FILES if Path(f).is_file()), CAPTION_FILES[0])
 WARMUP_STEPS = 2      # untimed steps first: page faults, BLAS thread start-up
 TIMED_STEPS = 5
 FIXED_CAPTIONS = 512  # --fixed-length batch: 512 captions = 256 photos x 2, as in training
 GEMM_ROWS = 8192      # tokens per GEMM in the peak measurement (~512 captions x 16 tokens)
 GEMM_SQUARE = 2048    # plus one square GEMM, the shape BLAS libraries are tuned for
 GEMM_REPEATS = 5      # best of this many runs per shape
-PYTORCH_PAIR = ("against PyTorch eager, timed side by side on the same batch: python -m "
-                "minialign.machinery.bench_torch --torch-pair PATH/TO/torch_pair.py")
+PYTORCH_PAIR = ("against PyTorch eager (benchmarks/torch_step.py), timed side by side on the "
+                "same batch: make bench-torch (needs the [bench] extra)")
 LAYER_SETS = ("fast", "reference")   # model.LAYER_SETS, each benchmarked
 KEYS = ("objective", "ms_per_step", "gflop_per_step", "gflops", "peak_gflops",
         "fraction_of_peak", "peak_rss_mb", "gemm_ms", "non_gemm_share")
@@ -249,8 +252,8 @@ def run_bench(args, cfg):
     """The `bench` command (cli.add_bench_args' options; cfg: the TrainConfig of its flags):
     one child per objective (or, with --only, be that child)."""
     if not Path(args.captions).is_file():
-        raise FileNotFoundError(f"{args.captions}: no such file (COCO captions JSON; pass "
-                                "--captions)")
+        raise FileNotFoundError(f"{args.captions}: no such file (COCO captions JSON: `make data` "
+                                "writes it; or pass --captions)")
     if not 0 <= args.fixed_length <= cfg.model.max_len:
         raise ValueError(f"--fixed-length must be in [1, {cfg.model.max_len}] "
                          f"(or 0 for COCO batches), got {args.fixed_length}")

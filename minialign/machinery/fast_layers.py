@@ -16,9 +16,8 @@ batches. What is rearranged, and why:
                 (B, n) matrix product.
   in-place      softmax_attention_forward, cross_entropy_fast and gelu_forward_fast write each
                 pass into one buffer: their arrays are the largest in the model. Their scalars
-                have the array's dtype (a float64 scalar runs NumPy's float64 loop). The GELU
-                chain measured 1.8x faster than layers.gelu_forward (forward + backward on
-                (6873, 1024) float32).
+                have the array's dtype (a float64 scalar runs NumPy's float64 loop). One
+                buffer instead of a new array per pass: faster (docs/performance.md).
   row blocks    The per-token layers (fast_rows.py: embeddings, linear, LayerNorm, GELU)
                 run as chains of passes over blocks of packed rows that stay
                 in L2 (rows.py says how big), spread over the cores by rows.py's thread pool; their sums over rows are
@@ -27,8 +26,8 @@ batches. What is rearranged, and why:
                 blocks go through the same pool.
 
 Constants are scalars of the array's dtype: np.float32(c) on float32 arrays. Under NumPy 2,
-`a *= np.float64(c)` on a float32 buffer runs the float64 loop and rounds back (~4x slower per
-pass), so no float64 scalar touches a float32 array here (tests/test_rows.py fails a float32
+`a *= np.float64(c)` on a float32 buffer runs the float64 loop and rounds back (several times
+slower per pass), so no float64 scalar touches a float32 array here (tests/test_rows.py fails a float32
 training step on any). tests/test_reference.py pins this module's float32 rounding: a change to a pass,
 its order or a block size changes the pinned numbers and must say so when it regenerates them.
 """
@@ -200,7 +199,7 @@ def mean_pool_forward_fast(h, layout):
     """layers.mean_pool_forward as a segment mean: each caption's rows are one slice of the
     layout, and a group's Bg captions of Tg tokens reshape to (Bg, Tg, D), summed over Tg (n D
     additions) where the reference multiplies by a (B, n) matrix (2 B n D flops; and
-    np.add.reduceat over the slices measured ~40x slower than these sums).
+    np.add.reduceat over the slices is far slower than these sums).
     h: (n, D) in layout row order; layout: packed_layout(...).
     Returns z: (B, D) in batch order, 0 for an empty caption, and a cache."""
     B, D = len(layout.order), h.shape[1]
@@ -245,7 +244,7 @@ def cross_entropy_rows(logits, targets, start, stop, n, nll):
     """One block of cross_entropy_fast (the unit a thread pool maps): rows start:stop of
     logits (n, V) become (softmax - onehot) / n, nll[start:stop] their -log softmax at the
     target, computed from the float32 row sums in float64 (the sums as a GEMV with a ones
-    vector: ~4x faster than np.sum over the long last axis)."""
+    vector: faster than np.sum over the long last axis)."""
     x = logits[start:stop]                                                # (r, V) view
     rows, t = np.arange(stop - start), targets[start:stop]                # (r,), (r,)
     # subtract the row max before exp: same softmax, no overflow

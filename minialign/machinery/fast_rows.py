@@ -11,10 +11,10 @@ block order: the same bits for any number of threads. Constants are cast to the 
 float64 scalar (NumPy 2 would run the float64 loop and round back) and float64 gradient checks
 keep their full-precision constants.
 
-Two rewrites of the reference's arithmetic, each measured on float32 (6694, 256-1024) rows:
-sums along a row or down a block's columns are GEMVs with a ones vector (BLAS: ~3x faster
-than np.sum over a short axis), and GELU's tanh is a logistic sigmoid of 2u (np.exp costs ~60%
-of np.tanh). Both round differently from layers.py, within a few float32 ulps (tested).
+Two rewrites of the reference's arithmetic, each faster (docs/performance.md has the figures):
+sums along a row or down a block's columns are GEMVs with a ones vector (BLAS beats np.sum
+over a short axis), and GELU's tanh is a logistic sigmoid of 2u (one np.exp is cheaper than
+np.tanh). Both round differently from layers.py, within a few float32 ulps (tested).
 """
 import numpy as np
 
@@ -50,7 +50,7 @@ def scatter_add_rows(dy, ids, shape):
     """dweight (shape = (V, D)) with dweight[v] = 0 + the dy[i] of every i with ids[i] = v,
     added in increasing i: np.add.at(zeros, ids, dy)'s sums (tested bit for bit), as a
     segment sum over the rows sorted by id, instead of np.add.at's one small add per row
-    (~10x slower). An id read at most SCATTER_ROUNDS times: round j adds the j-th row of
+    (much slower). An id read at most SCATTER_ROUNDS times: round j adds the j-th row of
     every such id still open (ids sorted by count, most first, so they are a prefix), one
     gathered (m_j, D) add per round; an id read more often (BOS, EOS, "a", positions): one
     np.sum over its gathered rows (axis 0: row after row, for D > 1)."""

@@ -13,31 +13,28 @@ rows compute in parallel. Two rules make the result independent of the number of
 
 GEMMs split this way run on one BLAS thread each: run() sets numpy's OpenBLAS to one thread
 while the pool works and back afterwards, so BLAS's workers do not fight the pool's threads for
-the same cores (measured: a good_views step with 2-thread OpenBLAS called from 2 pool threads
-took 3-5x as long as with 1). machine.use_cores keeps BLAS on one thread outside the pool too:
-OpenBLAS's threaded sgemm rounds differently from its one-thread sgemm (even a (512, 256)^T
-(512, 256) product), so the pool is the only thing a core count changes, and it changes no bit.
+the same cores (several times slower otherwise). machine.use_cores keeps BLAS on one thread
+outside the pool too: OpenBLAS's threaded sgemm rounds differently from its one-thread sgemm
+(even a (512, 256)^T (512, 256) product), so the pool is the only thing a core count changes,
+and it changes no bit.
 
 The pool's size may change while a process runs (jobs.py: a run gets the cores another run
 freed): follow(shared) makes the size be re-read from a shared integer at the entry of every
 top-level run(), that is between two operations, never inside one.
 
-Block sizes (measured on this project's 2-core AMD EPYC VMs, 1 MB L2 per core, float32):
+Block sizes (float32; the measurements behind them: docs/performance.md, "Why the fast path
+is shaped as it is"):
   BLOCK_ELEMENTS  an element-wise chain (LayerNorm, GELU) runs over blocks of
                   block_rows(C) = 131072 // C rows: 512 KB per array, 128 rows of the MLP's
-                  (n, 1024), 512 rows of (n, 256). Smaller blocks cost more than they save:
-                  every NumPy call takes the GIL back, and with two threads issuing ~15 small
-                  calls per block they queue for it (64-row LayerNorm blocks on 2 threads ran
-                  slower than on 1). LayerNorm forward on (6694, 256): 11.5 ms in 64-row blocks,
-                  3.3 ms in 512-row ones; GELU forward on (6694, 1024): 33 -> 22 ms (2 threads).
+                  (n, 1024), 512 rows of (n, 256), so a block stays in L2 from pass to pass.
+                  Smaller blocks cost more than they save: every NumPy call takes the GIL back,
+                  and with two threads issuing ~15 small calls per block they queue for it.
   GEMM_BLOCK      a row-block GEMM (linear layers, matmul_rows, weight gradients, the tied
                   head) takes up to 512 rows: OpenBLAS packs the whole weight for every call,
-                  which costs a 64-row call ~25% of its time at (256, 768) and (256, 1024) on
-                  one thread (25 vs 33 GFLOP/s); 256 and 512 rows run at the same rate.
+                  a large part of a small call's time; 256 and 512 rows run at the same rate.
   GEMM_TAIL       ... but the last rows of a product go in halving blocks, down to 64 rows
                   (gemm_blocks): threads claim blocks one at a time, so they finish within one
-                  small block of each other instead of one idling for most of a 512-row block
-                  (measured ~3% of a next_token step with even 256-row blocks).
+                  small block of each other instead of one idling for most of a 512-row block.
                   OpenBLAS's results for a row depend on the call's row count, so this one
                   partition is used by every GEMM over rows, and a weight gradient x^T dy is one
                   partial per block of it (summed in block order): the tied head's fused pass
