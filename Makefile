@@ -32,7 +32,7 @@ test:
 
 # one line, exit 2, when the captions file is missing: which make command creates it
 CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \
-	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (e.g. ../shared/coco/captions_val2017.json)' >&2; exit 2; }
+	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (COCO'"'"'s own val2017 captions work)' >&2; exit 2; }
 
 data:               ## one-time (internet): COCO captions, the 10,000-photo subset, its photos -> coco/
 	$(PY) -m minialign data
@@ -92,11 +92,12 @@ eta:                ## how long `make replicate` (same JOBS, IMAGE_EVAL) will ta
 	$(CHECK_CAPTIONS)
 	$(PY) -m minialign replicate $(REPLICATE_ARGS) --dry-run
 
-# The classroom version, 18-20 min measured on this project's shared 2-core VMs (~5 min at the
-# reference machine's speed; make eta-quick says for yours): one seed, no lr search, 200 steps of
+# The classroom version, 18-20 min measured on a busy 2-core machine (~5 min on a fast one;
+# make eta-quick says for yours; docs/performance.md): one seed, no lr search, 200 steps of
 # 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token).
 # No download needed: the first captions file that exists of the subset, your COCO val2017
-# captions, and this machine's shared copy (a test fixture); embeddings to match.
+# captions, and the development machine's copy beside the checkout (SHARED, optional: a clone
+# has none and needs none); embeddings to match.
 QUICK_CAPTIONS   ?= $(firstword $(wildcard $(SUBSET) coco/annotations/captions_val2017.json \
                                           $(SHARED)/captions_val2017.json))
 QUICK_EMBEDDINGS ?= $(strip $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDINGS),\
