@@ -17,7 +17,7 @@ LAYERS     ?= fast
 LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)$(LAYERS_SUFFIX)
 
-.PHONY: install install-export test data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
+.PHONY: install install-export test test-oldest data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
         eta eta-quick report scaling eta-scaling scaling-demo exercises grade
 
 install:            ## numpy, pillow, tqdm + pytest
@@ -29,6 +29,22 @@ install-export:     ## + torch (CPU build, ~190 MB) and transformers, for the on
 
 test:
 	$(PY) -m pytest -q
+
+# The suite on the oldest numpy, Pillow, tqdm and pytest that pyproject.toml allows and this
+# Python has wheels of (numpy 1.24 has none past 3.11, Pillow 9.0 none past 3.10), in a new
+# venv under /tmp that imports this checkout's package (docs/platforms.md).
+OLDEST_VENV ?= /tmp/minialign-oldest
+OLDEST      ?= $(shell $(PY) -c 'import sys; print({(3, 10): "numpy==1.24.4 pillow==9.0.0", \
+	(3, 11): "numpy==1.24.4 pillow==9.3.0", (3, 12): "numpy==1.26.2 pillow==10.1.0", \
+	(3, 13): "numpy==2.1.0 pillow==11.0.0"}.get(sys.version_info[:2], "numpy pillow"))')
+test-oldest:        ## python -m pytest -q under the oldest supported numpy, in a temporary venv
+	$(PY) -m venv --clear $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q --disable-pip-version-check $(OLDEST) \
+	    tqdm==4.60.0 pytest==7.0.0
+	$(OLDEST_VENV)/bin/python -c 'import numpy, PIL, tqdm, pytest; print("oldest:", "numpy", \
+	    numpy.__version__, "pillow", PIL.__version__, "tqdm", tqdm.__version__, "pytest", \
+	    pytest.__version__)'
+	$(OLDEST_VENV)/bin/python -m pytest -q
 
 # one line, exit 2, when the captions file is missing: which make command creates it
 CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \

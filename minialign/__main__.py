@@ -1,9 +1,14 @@
 """python -m minialign {train,evaluate,replicate,report,bench,export,synthetic,data} --help
 (the command line itself: machinery/cli.py)."""
+import os
 import sys
 
-from .machinery import cli
-from .machinery.machine import keep_freed_memory
+from .machinery.blasenv import one_blas_thread
+
+one_blas_thread(os.environ, sys.argv[1:])       # before numpy is imported (blasenv.py)
+
+from .machinery import cli                                      # noqa: E402 (numpy: after)
+from .machinery.machine import keep_freed_memory                 # noqa: E402
 
 
 def main(argv=None):

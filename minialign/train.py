@@ -79,7 +79,7 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     (False), by terminal (None); stop_after: return None after this many steps, as if killed
     (tests). Inputs are checked before `out` is touched, then `out` is locked. Raises
     FileNotFoundError / ValueError (bad input, or resuming another config), FileExistsError,
-    files.DirLockedError, rundir.Diverged (checkpoint.open_run says when)."""
+    dirlock.DirLockedError, rundir.Diverged (checkpoint.open_run says when)."""
     if force and resume:
         raise ValueError("pass force (start over) or resume (continue), not both")
     out = Path(out)

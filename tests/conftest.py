@@ -1,7 +1,20 @@
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from minialign.machinery.blasenv import one_blas_thread
+
+# Before any test imports numpy: its BLAS on one thread, as `python -m minialign` sets it
+# (blasenv.py), so a bit-identity test of the same code on 1, 2 or 3 pool threads holds on
+# Accelerate, MKL and BLIS too (OpenBLAS: machine.use_cores).
+one_blas_thread(os.environ, [])
+
+# a test that signals another process as a terminal, `kill` or `timeout` does (SIGINT, SIGTERM
+# to a process or its group): Windows has no such signals (docs/platforms.md)
+POSIX_SIGNALS = pytest.mark.skipif(os.name == "nt", reason="sends POSIX signals, which Windows "
+                                                           "does not have")
 SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"  # beside the checkout
 REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"
 
@@ -40,3 +53,11 @@ def tls_server(tls_cert):
     from localhttp import serve
     with serve(tls_cert) as srv:
         yield srv
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which comparison the reference tests made (exact or to a tolerance), when they ran."""
+    reference = sys.modules.get("test_reference")
+    if reference is not None and terminalreporter.stats.get("passed", []) + \
+            terminalreporter.stats.get("failed", []):
+        terminalreporter.write_line(reference.comparison()[1])

@@ -5,6 +5,7 @@ Tiny runs (1 block, D = 16, 16 photos per step, 8 steps, checkpoints at 3, 6 and
 300-scene SYNTHETIC world. bad_views draws from both the data and the mask generators.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -133,3 +134,37 @@ def test_a_checkpoint_at_least_every_checkpoint_seconds(world, tmp_path, monkeyp
     assert json.loads(str(arrays(run / rundir.CHECKPOINT)["state"]))["step"] == 5
     train.train(cfg, run, progress=False, resume=True)
     assert_same_run(world["whole"], run)
+
+
+# ---------------------------------------------------------------- inputs by what they are
+def test_resume_matches_the_captions_file_by_its_bytes_not_its_spelling(tmp_path, monkeypatch):
+    """`train --captions c.json` then `--captions "$PWD/c.json" --resume` (or a copy of the
+    same bytes) resumes; a file of other bytes is refused, naming both; a run from before the
+    sha256 was recorded is matched by reading its saved spelling again."""
+    from minialign.machinery.files import atomic_write_json, read_json
+    captions = Path(synthetic.write_world(tmp_path / "world", n_scenes=120, seed=0)[0])
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(captions)
+    cfg = lambda path: train.TrainConfig(objective="good_views", captions=str(path), steps=4,
+                                         batch_photos=16, eval_every=2, warmup_steps=1,
+                                         model=TINY)
+    train.train(cfg(relative), "run", progress=False, stop_after=2)
+    assert train.train(cfg(captions.resolve()), "run", progress=False, resume=True)["final"]
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(captions.read_bytes())
+    train.train(cfg(relative), "run2", progress=False, stop_after=2)
+    other = tmp_path / "other.json"
+    other.write_bytes(captions.read_bytes().replace(b"a ", b"an ", 1))
+    with pytest.raises(ValueError) as err:
+        train.train(cfg(other), "run2", progress=False, resume=True)
+    message = str(err.value)
+    assert message.startswith("run2: holds a run of another config, so it cannot be resumed "
+                              f"(captions: {relative!r} -> {str(other)!r} (other bytes: sha256 ")
+    assert "\n" not in message
+    config = read_json(Path("run2") / rundir.CONFIG)           # as written before #19
+    del config["info"]["captions_sha256"]
+    atomic_write_json(Path("run2") / rundir.CONFIG, config)
+    with pytest.raises(ValueError, match=r"other.json' \(other bytes: sha256 \w{12}\.\.\. in the "
+                                         r"saved file, \w{12}\.\.\. now\)"):
+        train.train(cfg(other), "run2", progress=False, resume=True)
+    assert train.train(cfg(copy), "run2", progress=False, resume=True)["final"]

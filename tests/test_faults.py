@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from minialign import train
-from minialign.machinery import files, monitor, rundir, synthetic
+from minialign.machinery import dirlock, files, monitor, rundir, synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -248,7 +248,7 @@ def test_a_truncated_checkpoint_is_one_line_naming_it(world, tmp_path):
 
 LOCK_HOLDER = """
 import sys, time
-from minialign.machinery.files import DirLock
+from minialign.machinery.dirlock import DirLock
 lock = DirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(60)
@@ -262,10 +262,10 @@ def test_a_second_process_is_refused_and_a_dead_holder_does_not_block(world, tmp
                               cwd=Path(__file__).resolve().parents[1])
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(files.DirLockedError) as err:
+        with pytest.raises(dirlock.DirLockedError) as err:
             train.train(cfg, out, progress=False)
         assert f"pid {holder.pid}" in str(err.value) and str(out) in str(err.value)
-        assert sorted(p.name for p in out.iterdir()) == [files.LOCK_FILE]   # nothing written
+        assert sorted(p.name for p in out.iterdir()) == [dirlock.LOCK_FILE]   # nothing written
     finally:
         holder.kill()                                   # SIGKILL: no chance to clean up
         holder.wait()
@@ -283,7 +283,7 @@ def test_a_run_in_progress_is_named_even_without_resume(world, tmp_path):
                               cwd=Path(__file__).resolve().parents[1])
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(files.DirLockedError, match=f"pid {holder.pid}"):
+        with pytest.raises(dirlock.DirLockedError, match=f"pid {holder.pid}"):
             train.train(cfg, out, progress=False)
     finally:
         holder.kill()

@@ -16,9 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import POSIX_SIGNALS
 from minialign import train
 from minialign.machinery import cli, estimate, jobs, replicate, synthetic
-from minialign.machinery.files import DirLock
+from minialign.machinery.dirlock import DirLock
 from minialign.machinery.protocol import Protocol, run_name
 from minialign.model import ModelConfig
 
@@ -221,6 +222,7 @@ def numbers(out):
     return strip(json.loads((Path(out) / "results.json").read_text()))
 
 
+@POSIX_SIGNALS
 def test_jobs_2_gives_the_numbers_of_jobs_1_also_after_ctrl_c(world, tmp_path):
     one = run_cli(grid_argv(world, tmp_path / "one", "--jobs", "1", "--threads", "1"))
     assert one.wait() == 0, one.stderr.read()

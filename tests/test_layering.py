@@ -21,6 +21,7 @@ PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     "minialign": 0, "tokenizer": 0, "layers": 1, "losses": 0, "optim": 0, "metrics": 0,
     "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.rows": 0,
+    "machinery.blasenv": 0, "machinery.dirlock": 1,
     "data": 2, "machinery.machine": 2, "machinery.fast_rows": 2, "machinery.fast_layers": 3,
     "machinery.fast": 4,
     "machinery.rundir": 2,

@@ -196,6 +196,21 @@ def test_another_protocol_in_the_same_directory_is_refused(grid):
         replicate.replicate(other, grid["out"], None, progress=False)
 
 
+def test_the_same_captions_under_another_spelling_is_the_same_protocol(grid, tmp_path,
+                                                                      monkeypatch):
+    from minialign.machinery.protocol import check_protocol
+    captions = Path(grid["captions"]).resolve()
+    monkeypatch.chdir(captions.parent)
+    check_protocol(grid["out"], tiny_protocol(captions.name))           # relative: the same
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(captions.read_bytes())
+    check_protocol(grid["out"], tiny_protocol(copy))                    # a copy: the same bytes
+    other = tmp_path / "other.json"
+    other.write_bytes(captions.read_bytes() + b" ")
+    with pytest.raises(ValueError, match=f"captions \\(saved '.*', now '{other}'\\)"):
+        check_protocol(grid["out"], tiny_protocol(other))
+
+
 def test_other_settings_are_refused_before_the_estimate_times_anything(grid, monkeypatch):
     def timed(*args, **kwargs):
         raise AssertionError("the estimate ran before the settings were checked")

@@ -18,8 +18,8 @@ from minialign.machinery.jobs import makespan
 from minialign.machinery.rundir import is_finished
 from minialign.machinery.protocol import (Protocol, SizedConfig, load_protocol, planned_runs,
                                           run_config, run_name, save_protocol)
-from minialign.machinery.scaling import (DEPTHS, WIDTHS, count_params, gap_trend, size_config,
-                                         sweep_sizes, trend_sentence)
+from minialign.machinery.scaling import (DEPTHS, WIDTHS, count_params, gap_trend, signed,
+                                         size_config, sweep_sizes, trend_sentence)
 from minialign.model import init_params, param_count
 
 
@@ -57,6 +57,10 @@ def test_trend_verdicts():
     assert "shrinks with encoder size" in trend_sentence(gap_trend(shrinking), "mutual_knn")
     assert trend_sentence(flat, "mutual_knn").startswith(
         "The good_views − next_token gap in mutual_knn is not resolved at these sizes: slope +0.0000 ±")
+    for rounding in (-1e-17, 0.0, 1e-17):     # the fit's slope of a flat gap, on any BLAS
+        assert "slope +0.0000 ±" in trend_sentence({**flat, "slope": rounding}, "mutual_knn")
+    assert [signed(x, 3) for x in (-0.0004, -0.0006, 0.0, 0.25)] == [
+        "+0.000", "-0.001", "+0.000", "+0.250"]
 
 
 # ---------------------------------------------------------------- planning

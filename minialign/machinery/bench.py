@@ -21,7 +21,6 @@ This is a benchmark, not a test: nothing here asserts a speed.
 import dataclasses
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+try:                      # peak memory (peak_rss_mb): POSIX only; Windows has no resource module
+    import resource
+except ImportError:
+    resource = None
 
 from ..data import Batch, sample_batch
 from ..model import init_params
@@ -93,9 +97,29 @@ def gemm_peak_gflops(cfg, repeats=GEMM_REPEATS, rows=GEMM_ROWS, square=GEMM_SQUA
     return best
 
 
-def peak_rss_mb():
-    """Peak resident memory of this process so far, MB (Linux reports ru_maxrss in KB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+RSS_UNIT = {"darwin": 1}   # bytes per ru_maxrss unit: bytes on macOS, KiB on Linux and the BSDs
+NOT_MEASURED = "not measured here"   # peak memory where the resource module is missing (Windows)
+
+
+def peak_rss_mb(platform=None):
+    """Peak resident memory of this process so far, MB, from ru_maxrss (KiB on Linux and the
+    BSDs, bytes on macOS: RSS_UNIT), or None where the resource module is missing (Windows).
+    platform: sys.platform's name, None for this one's."""
+    if resource is None:
+        return None
+    unit = RSS_UNIT.get(platform or sys.platform, 1024)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit / 2**20
+
+
+def rss_text(mb):
+    """A peak memory for a sentence: "1,234 MB", or NOT_MEASURED for None."""
+    return NOT_MEASURED if mb is None else f"{mb:,.0f} MB"
+
+
+def max_rss(values):
+    """The largest of some peak_rss_mb readings, None when none was measured."""
+    found = [v for v in values if v is not None]
+    return max(found) if found else None
 
 
 # ---------------------------------------------------------------- one objective (child)
@@ -243,7 +267,8 @@ def print_row(r):
                      f"{r['gflop_per_step']:.2f}", f"{r['gflops']:.1f}",
                      f"{r['peak_gflops']:.1f}", f"{r['fraction_of_peak']:.0%}",
                      f"{r['gemm_ms']:.0f}", f"{share:.0%}" if share >= 0 else "<0*",
-                     f"{r['peak_rss_mb']:.0f}"), flush=True)
+                     "n/a" if r["peak_rss_mb"] is None else f"{r['peak_rss_mb']:.0f}"),
+          flush=True)
     if share < 0:
         print(NEGATIVE_SHARE, flush=True)
 

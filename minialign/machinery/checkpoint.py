@@ -16,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import (LOCK_FILE, TMP_SUFFIX, DirLock, atomic_savez, load_npz,
-                    remove_stale_temporaries)
+from .dirlock import LOCK_FILE, DirLock
+from .files import TMP_SUFFIX, atomic_savez, load_npz, remove_stale_temporaries, sha256_file
 from .rundir import (CAPTION_FILE, CAPTIONS_DIR, CHECKPOINT, CONFIG, DIVERGED, LOG, METRICS,
-                     RUN_FILES, read_metrics, read_run_config, upgrade_config, write_metrics)
+                     RUN_FILES, read_metrics, read_run_config, read_run_info, upgrade_config,
+                     write_metrics)
 
+INPUT_FILES = ("captions",)  # TrainConfig fields naming a file: a resume compares its bytes
 CHECKPOINT_SECONDS = 600   # train saves a checkpoint at every evaluation and at least this often
 
 
@@ -94,16 +96,47 @@ def clear_run_dir(out):
             path.unlink()
 
 
-def config_differences(saved, cfg):
+def input_difference(field, saved_path, now_path, saved_sha256=None):
+    """None when a run's input file and now_path hold the same bytes, however either is spelled
+    (relative, absolute, a copy); else one "field: saved -> now (...)" string naming both.
+    saved_path: as the run was started with; saved_sha256: its bytes' sha256 as the run
+    recorded it (config.json "info"), None for a run from before it was recorded (then the
+    saved spelling is read again, from this folder). A file that cannot be read now under the
+    same spelling is no difference here: reading the captions says what is wrong with it."""
+    def differs(why=""):
+        return f"{field}: {saved_path!r} -> {now_path!r}{why}"
+    then = "when the run started" if saved_sha256 else "in the saved file"
+    if saved_sha256 is None:
+        if saved_path == now_path:
+            return None
+        try:
+            saved_sha256 = sha256_file(saved_path)
+        except OSError:
+            return differs()
+    try:
+        now_sha256 = sha256_file(now_path)
+    except OSError:
+        return None if saved_path == now_path else differs()
+    if now_sha256 == saved_sha256:
+        return None
+    return differs(f" (other bytes: sha256 {saved_sha256[:12]}... {then}, "
+                   f"{now_sha256[:12]}... now)")
+
+
+def config_differences(saved, cfg, info=None):
     """Fields where a saved config.json["config"] differs from cfg, as "name: saved -> now"
-    strings. model.vocab_size is skipped: training derives it from the captions."""
+    strings. model.vocab_size is skipped: training derives it from the captions. INPUT_FILES
+    are compared by their bytes (input_difference; info: config.json's "info", for the
+    sha256 the run recorded)."""
     now = json.loads(json.dumps(dataclasses.asdict(cfg)))      # tuples -> lists, as saved
     saved = upgrade_config(saved)
     saved = {**saved, "model": {k: v for k, v in saved.get("model", {}).items()
                                 if k != "vocab_size"}}
     now["model"].pop("vocab_size")
+    found = [input_difference(k, saved.pop(k, None), now.pop(k), (info or {}).get(f"{k}_sha256"))
+             for k in INPUT_FILES]
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k)]
+            if saved.get(k) != now.get(k)] + [d for d in found if d]
 
 
 def run_state(out, cfg):
@@ -121,7 +154,7 @@ def run_state(out, cfg):
             raise FileExistsError(f"{out}: not empty and holds no config.json, so it is not a "
                                   "run directory to resume; pick another --out")
         return "new"
-    diff = config_differences(read_run_config(out), cfg)
+    diff = config_differences(read_run_config(out), cfg, read_run_info(out))
     if diff:
         raise ValueError(f"{out}: holds a run of another config, so it cannot be resumed "
                          f"({'; '.join(diff)}); pick another directory or pass --force")
@@ -137,7 +170,7 @@ def open_run(out, cfg, force, resume, inputs=()):
     """Lock `out` for one training run and say how it starts: yields run_state's "new",
     "restart", "checkpoint", "finished" or "diverged" ("new" without resume). Before locking:
     force must find a run directory to replace (check_replaceable, `inputs` e.g. the captions
-    file), and without force or resume `out` must be empty (FileExistsError; files.DirLockedError
+    file), and without force or resume `out` must be empty (FileExistsError; dirlock.DirLockedError
     naming the process when a run is in progress there). Under the lock, a run that will train
     loses its stale temporary files, and a "new" or "restart" one its earlier files."""
     out = Path(out)

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from .embeddings import sha256_file
-from .files import DirLock, atomic_write_bytes, fsync_dir, read_json
+from .dirlock import DirLock
+from .files import atomic_write_bytes, fsync_dir, read_json
 from .monitor import has_word
 from ..tokenizer import clean_caption
 
@@ -292,7 +293,7 @@ def run_data(root, num_photos, seed, images, workers, annotations_url, force,
     """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
     An http:// --annotations-url or --images-url is refused before anything is written unless
     allow_http, which is then repeated in one line. One process at a time per --root
-    (files.DirLock)."""
+    (dirlock.DirLock)."""
     from .download import refuse_http
     refuse_http("--annotations-url", annotations_url, allow_http)
     refuse_http("--images-url", images_url, allow_http)

@@ -11,7 +11,6 @@ Numpy only: this module never imports torch or transformers.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import zipfile
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_savez
+from .files import atomic_savez, sha256_file
 
 ARRAY_KEYS = ("image_ids", "embeddings", "meta")  # the three arrays of a file save_embeddings wrote
 REQUIRED_KEYS = ("image_ids", "embeddings")       # what a file from another tool must hold
@@ -30,7 +29,6 @@ NO_REVISION = "revision not recorded"             # said of a file whose meta ha
 CALLER_META_KEYS = ("model", "preprocessing", "pooling", "captions_sha256")
 META_KEYS = CALLER_META_KEYS + ("dtype", "count", "dim")  # meta keys every file must hold
 EMBEDDING_DTYPE = np.float32   # stored dtype of the embeddings
-HASH_CHUNK_BYTES = 1 << 20     # sha256_file reads 1 MiB at a time
 NUM_EXAMPLES = 5               # ids quoted in error messages and join reports
 
 
@@ -231,15 +229,6 @@ def describe_join(report):
                               ("embedding_ids_only", "embedded photos have no caption"))]
     return (f"{report['file']}: {report['matched_captions']} captions of "
             f"{report['matched_images']} photos joined; " + ", ".join(left))
-
-
-def sha256_file(path):
-    """Hex sha256 of a file's bytes (what `sha256sum` prints), read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(HASH_CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_split_coverage(emb, captions, split_ids, flag="--captions"):

@@ -106,7 +106,7 @@ def measure(protocol, jobs, threads, warmup=MEASURE_WARMUP, steps=MEASURE_STEPS)
                 "val_eval_s": val_eval_s,
                 "prepare_s": statistics.median(r["prepare_s"] for r in found),
                 "final_eval_s": val_eval_s * sum(photos.values()) / photos["val"],
-                "peak_rss_mb": max(r["peak_rss_mb"] for r in found)}
+                "peak_rss_mb": bench.max_rss(r["peak_rss_mb"] for r in found)}
     return measured
 
 
@@ -145,7 +145,7 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
     steps = ", ".join(f"{obj} {m['ms_per_step']:.0f} ms/step" for obj, m in measured.items())
     evals = ", ".join(f"{m['val_eval_s']:.1f} s" for m in measured.values())
     prep = max(m["prepare_s"] for m in measured.values())
-    rss = max(m["peak_rss_mb"] for m in measured.values())
+    rss = bench.rss_text(bench.max_rss(m["peak_rss_mb"] for m in measured.values()))
     search = (f"lr search {protocol.lr_min:.2e}..{protocol.lr_max:.2e}, "
               f"{protocol.lr_per_decade}/decade" if protocol.lr_per_decade else "no lr search")
     extra = (f", up to {hours(estimate['seconds_max'])} if every lr search extends its grid "
@@ -157,7 +157,7 @@ def format_estimate(protocol, estimate, measured, jobs, threads, per_run_mb):
         f"{b.eval_every} steps; --jobs {jobs} x --threads {threads}",
         f"[estimate] measured with {jobs} timing process(es) at once, {threads} thread(s) "
         f"each: {steps}; one val evaluation {evals}; reading the captions {prep:.1f} s; "
-        f"peak memory {rss:,.0f} MB per run "
+        f"peak memory per run {rss} "
         f"(--jobs checks ~{per_run_mb:,.0f} MB)",
         f"[estimate] this grid on this machine: {hours(estimate['seconds'])}{extra}"])
 
@@ -186,7 +186,7 @@ def choose_jobs(protocol, args, vocab_size):
     may not fit gets a warning (the estimate errs high; swap may hold the rest)."""
     per_run_mb = max(jobs_.run_memory_mb(run_config(protocol, obj, protocol.seeds[0]),
                                          vocab_size) for obj in protocol.objectives)
-    available_mb, cores = jobs_.mem_available_mb(), available_cores()
+    (available_mb, source), cores = jobs_.available_memory(), available_cores()
     runs = len({run_name(cfg) for cfg in planned_runs(protocol)})
     jobs = args.jobs or jobs_.default_jobs(cores, per_run_mb, available_mb, runs)
     try:
@@ -196,8 +196,10 @@ def choose_jobs(protocol, args, vocab_size):
             raise
         print(f"warning: {err}".replace("; use --jobs 1 or fewer", ""), file=sys.stderr)
     threads = args.threads or (jobs_.threads_per_run(jobs, cores) if jobs > 1 else None)
-    memory = (f"~{per_run_mb:,.0f} MB per run of {available_mb:,.0f} MB available"
-              if available_mb is not None else "available memory unknown")
+    memory = ("available memory not known here: --jobs is not checked against it"
+              if available_mb is None else f"~{per_run_mb:,.0f} MB per run of "
+              f"{available_mb:,.0f} MB available" + ("" if source == "MemAvailable"
+                                                      else f" ({source})"))
     print(f"[{getattr(args, 'command', 'replicate')}] --jobs {jobs}{'' if args.jobs else ' (default)'} x --threads "
           f"{threads or describe()['blas_threads']}: {cores} cores, {memory}", flush=True)
     if jobs * (threads or 1) > cores:

@@ -3,32 +3,28 @@ reading minialign's result files.
 
     atomic_write(path)      every writer: a temporary file beside `path`, fsync, os.replace
     read_json / load_npz    every reader of a file minialign wrote: one-line errors naming it
-    DirLock(directory)      one process at a time per run (or results) directory
 
 A reader of `path` sees its old bytes or its new bytes, never a mix: the new bytes go to a
 temporary file in the same folder (same file system, so the rename is atomic), are flushed to
 disk, and only then renamed onto `path`. On any failure (KeyboardInterrupt, a full disk) the
 temporary file is removed and `path` is left as it was. A process killed outright (SIGKILL,
 power loss) can leave a temporary file behind; its name starts with "." and ends with TMP_SUFFIX,
-and `remove_stale_temporaries` deletes such files under a held DirLock.
+and `remove_stale_temporaries` deletes such files under a held dirlock.DirLock (one process
+per run directory: dirlock.py).
 """
 import contextlib
-import errno
-import fcntl
+import hashlib
 import json
 import os
-import socket
-import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
 TMP_SUFFIX = ".minialign-tmp"        # temporary files are ".<name>.<random>" + TMP_SUFFIX
-LOCK_FILE = ".lock"                  # DirLock's file inside the locked directory
 ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamp: the same arrays give the same bytes
+HASH_CHUNK_BYTES = 1 << 20           # sha256_file reads 1 MiB at a time
 
 
 # ---------------------------------------------------------------- writing
@@ -127,6 +123,15 @@ def remove_stale_temporaries(directory):
 
 
 # ---------------------------------------------------------------- reading
+def sha256_file(path):
+    """Hex sha256 of a file's bytes (what `sha256sum` prints), read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_json(path, kind="JSON file"):
     """The parsed JSON object in `path`. Raises FileNotFoundError or ValueError with one line
     that starts with the path: missing, a folder, empty, truncated, not UTF-8, not JSON, or
@@ -166,72 +171,6 @@ def load_npz(path, kind=".npz file"):
             return {name: npz[name] for name in npz.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path}: not a readable {kind} (truncated or corrupt: {err})") from None
-
-
-# ---------------------------------------------------------------- one process per directory
-def command_line(limit=300):
-    """This process's command as typed: "python -m minialign train ..." (not __main__.py)."""
-    argv = list(sys.argv)
-    if argv and argv[0].endswith(os.path.join("minialign", "__main__.py")):
-        argv = ["python -m minialign"] + argv[1:]
-    line = " ".join(argv)
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
-class DirLockedError(FileError):
-    """Another live process holds the directory's lock."""
-
-
-class DirLock:
-    """An exclusive lock on a directory, held by this process until release() (or exit).
-
-    An advisory fcntl.flock on directory/LOCK_FILE: the kernel drops it when the holder exits
-    in any way (Ctrl-C, SIGKILL, a crash), so a lock left by a dead process never blocks.
-    The file records the holder (pid, host, command, start time) for the refusal message.
-    Raises DirLockedError naming the directory and the process that holds it."""
-
-    def __init__(self, directory):
-        self.directory = Path(directory)
-        self.path = self.directory / LOCK_FILE
-        self.fd = None
-
-    def acquire(self):
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
-            os.close(fd)
-            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            raise DirLockedError(errno.EBUSY, f"{self.directory}: in use by another minialign "
-                                 f"process ({holder}); wait for it to finish or stop it, "
-                                 f"then rerun") from None
-        holder = (f"pid {os.getpid()} on {socket.gethostname()}, started "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {command_line()}")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder.encode(), 0)
-        self.fd = fd
-        return self
-
-    def check_free(self):
-        """Raise DirLockedError if another process holds the lock now; never creates it."""
-        if self.path.is_file():
-            self.acquire()
-            self.release()
-
-    def release(self):
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def read_coco_json(path):

@@ -17,7 +17,7 @@ count (machine.use_cores keeps BLAS on one thread; the pool's sums are per fixed
 Ctrl-C: the terminal sends SIGINT to every process of the group. A child is started with
 SIGINT blocked (a Ctrl-C during its start-up waits), then takes the first SIGINT as
 KeyboardInterrupt and ignores any later one, so its clean-up (the run directory's lock,
-files.DirLock; atomic writes) is never cut short; it exits with EXIT_INTERRUPTED. The parent
+dirlock.DirLock; atomic writes) is never cut short; it exits with EXIT_INTERRUPTED. The parent
 sends each live child one SIGINT too (for a SIGINT sent to the parent alone), then waits.
 SIGTERM (`kill`, `timeout` and Slurm, which signal the whole group) is a Ctrl-C too, in the
 parent (sigterm_interrupts: Terminated) and in the children, so a killed grid exits cleanly,
@@ -64,6 +64,7 @@ MEM_HEAD_CHUNKS = 4            # next_token: logits blocks of rows.GEMM_BLOCK ro
 MEM_MARGIN = 1.15              # headroom over the fit (allocator slack, evaluation batches)
 TOKENS_PER_CAPTION = 13.5      # mean real tokens of a COCO caption, BOS and EOS included
 MEM_SAFETY_MB = 500            # memory left to the rest of the machine, MB
+MEM_TOTAL_SHARE = 0.5          # where only the total memory is known: the share deemed available
 
 
 # ---------------------------------------------------------------- memory
@@ -112,6 +113,33 @@ def mem_available_mb(meminfo="/proc/meminfo"):
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def sysconf_mb(sysconf, pages):
+    """os.sysconf(pages) x the page size, MB, or None where this platform has no such name."""
+    try:
+        return sysconf(pages) * sysconf("SC_PAGE_SIZE") / 2**20
+    except (ValueError, OSError, TypeError):
+        return None
+
+
+def available_memory(meminfo="/proc/meminfo", sysconf=getattr(os, "sysconf", None)):
+    """(MB new runs may use, where that number comes from) for --jobs: Linux's MemAvailable;
+    else the free pages (os.sysconf SC_AVPHYS_PAGES: BSD, Solaris); else MEM_TOTAL_SHARE of
+    the physical memory (SC_PHYS_PAGES: macOS, whose free pages leave out its file cache); else
+    (None, None): not known (Windows, no os.sysconf), --jobs is not checked against memory."""
+    found = mem_available_mb(meminfo)
+    if found is not None:
+        return found, "MemAvailable"
+    if sysconf is not None:
+        free = sysconf_mb(sysconf, "SC_AVPHYS_PAGES")
+        if free is not None:
+            return free, "free memory"
+        total = sysconf_mb(sysconf, "SC_PHYS_PAGES")
+        if total is not None:
+            return MEM_TOTAL_SHARE * total, (f"{MEM_TOTAL_SHARE:.0%} of {total:,.0f} MB in "
+                                             "all: what is free is not known here")
+    return None, None
 
 
 def check_jobs_fit(jobs, per_run_mb, available_mb):
@@ -213,6 +241,15 @@ def _interrupt_once(signum, frame):
     raise KeyboardInterrupt
 
 
+def sigmask(how, signals=STOP_SIGNALS):
+    """signal.pthread_sigmask(signal.SIG_<how>, signals) for how "BLOCK", "UNBLOCK" or
+    "SETMASK"; returns the previous mask. Windows has no signal masks: nothing is done, so a
+    Ctrl-C during a child's start is not held back there (docs/platforms.md)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return set()
+    return signal.pthread_sigmask(getattr(signal, f"SIG_{how}"), signals)
+
+
 def _child(target, args, threads, log_path, cores):
     """The body of a spawned child: output to log_path (appended; None: the parent's
     terminal), `threads` cores, then as many as the shared integer `cores` says (rows.follow;
@@ -228,7 +265,7 @@ def _child(target, args, threads, log_path, cores):
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)   # a pending Ctrl-C: now
+        sigmask("UNBLOCK")                          # a pending Ctrl-C: now
         if threads is not None:                 # None: numpy's own default (OPENBLAS_*)
             use_cores(threads)
             rows.follow(cores)                  # the parent's rebalance, between operations
@@ -269,13 +306,13 @@ def start(target, args, threads, log_path, started):
     cores = context.Value("i", threads or 0)                             # 0: not followed
     process = context.Process(target=_child, args=(target, args, threads, log_path, cores),
                               daemon=False)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)       # inherited by the child
+    old = sigmask("BLOCK")                                            # inherited by the child
     try:
         process.start()
         process.cores = cores
         started.append(process)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        sigmask("SETMASK", old)
     return process
 
 

@@ -16,7 +16,7 @@ from ..metrics import collapse_stats, paraphrase_r_at_1
 from ..model import encode, param_count
 from ..objectives import CAUSAL
 from ..tokenizer import build_tokenizer, clean_caption
-from .files import read_coco_json
+from .files import read_coco_json, sha256_file
 from .rundir import record_divergence, save_caption_embeddings, save_model, write_metrics
 
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
@@ -120,12 +120,14 @@ def prepare(cfg):
 
 
 def run_info(cfg, params, data):
-    """config.json's "info": vocabulary, parameter counts, photos per split, caption stats."""
+    """config.json's "info": vocabulary, parameter counts, photos per split, caption stats, and
+    the captions file's sha256 (resume compares the file by it, not by how it is spelled)."""
     return {"vocab_size": cfg.model.vocab_size, "parameters": param_count(params),
             "embedding_parameters": int(params["tok_emb"].size),
             "captions_truncated": data["n_truncated"],
             "photos": {k: len(v) for k, v in data["split"].items()},
-            "caption_stats": data["captions"].stats}
+            "caption_stats": data["captions"].stats,
+            "captions_sha256": sha256_file(cfg.captions)}
 
 
 def eval_tokens(table, slot):

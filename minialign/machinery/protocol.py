@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..train import TrainConfig
+from .checkpoint import input_difference
 from .files import atomic_write_json, read_json
 from .rundir import is_diverged, read_metrics, upgrade_config
 from .scaling import size_config
@@ -169,13 +170,18 @@ def differences(old, new, prefix=""):
 def check_protocol(out, protocol):
     """Raises ValueError (one line naming the settings that differ) if out/protocol.json
     exists, runs were made under it, and it describes another protocol; an `out` that holds
-    no run may take another protocol. Called before anything is timed or written."""
+    no run may take another protocol. The captions file counts by its bytes, not its spelling
+    (checkpoint.input_difference). Called before anything is timed or written."""
     path, saved = Path(out) / "protocol.json", json.loads(json.dumps(dataclasses.asdict(protocol)))
     if path.exists() and holds_runs(out):
         old = read_json(path, "replicate protocol (protocol.json)")
         if isinstance(old.get("base"), dict):            # a protocol saved before #10
             old = {**old, "base": upgrade_config(old["base"])}
         old = {**OLD_PROTOCOL_DEFAULTS, **old}           # saved before the scaling sweep
+        base, now_base = old.get("base"), saved["base"]
+        if isinstance(base, dict) and input_difference(
+                "captions", base.get("captions"), now_base["captions"]) is None:
+            old = {**old, "base": {**base, "captions": now_base["captions"]}}   # same bytes
         diff = differences(old, saved)
         if diff:
             raise ValueError(f"{out}: holds runs of other settings ({'; '.join(diff)}); rerun "

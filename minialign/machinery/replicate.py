@@ -38,7 +38,8 @@ from .monitor import load_coco_captions, split_photos
 from . import estimate, evaluate, jobs as jobs_, report   # jobs_: `jobs` is the run count
 from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
                          sha256_file)
-from .files import DirLock, atomic_write_json
+from .dirlock import DirLock
+from .files import atomic_write_json
 from .machine import describe, use_cores
 from .protocol import (check_protocol, group_of, lr_search, planned_runs, run_config, run_name,
                        save_protocol, seed_grid, selection_score)

@@ -23,6 +23,7 @@ from .files import atomic_write_bytes, atomic_write_json, read_json
 from .figures import LABELS, fig_alignment, fig_curves, fig_lr_search
 from .protocol import load_protocol, lr_search, run_config, run_name, selection_score
 from .rundir import is_diverged, read_metrics, read_run_config
+from .scaling import signed
 from .baselines import load_baselines
 from .embeddings import model_label
 from .speed import mean_std, speed_summary
@@ -154,7 +155,7 @@ def speed_lines(results):
 
 # ---------------------------------------------------------------- results.md
 def fmt(x, sign=False):
-    return "-" if x is None else f"{x:+.3f}" if sign else f"{x:.3f}"
+    return "-" if x is None else signed(x, 3) if sign else f"{x:.3f}"
 
 
 def cell(summary, pending):
@@ -337,7 +338,8 @@ def environment_lines(results):
     env, minutes = results["environment"] or {}, results["wall_seconds"] / 60
     threads = " ".join(f"{k}={v}" for k, v in sorted(env.get("thread_env", {}).items()))
     return ["## Environment", "",
-            f"- numpy {env.get('numpy', '?')}, BLAS {env.get('blas', '?')}, "
+            f"- numpy {env.get('numpy', '?')}, BLAS {env.get('blas', '?')}"
+            f"{f' ({core} kernel)' if (core := env.get('blas_core')) else ''}, "
             f"{env.get('cpus', '?')} CPUs ({env.get('cpu', '?')}), thread settings "
             f"{threads or 'none (the BLAS default)'}",
             f"- Python {env.get('python', '?')} on {env.get('platform', '?')}",

@@ -70,17 +70,34 @@ def available_cores():
         return os.cpu_count() or 1
 
 
+def openblas_paths(maps="/proc/self/maps"):
+    """Files of the OpenBLAS numpy may have loaded: on Linux the loaded libraries themselves
+    (/proc/self/maps); elsewhere the libraries named *openblas* that numpy's wheels ship beside
+    it (numpy.libs on Windows and Linux, numpy/.dylibs on macOS, scipy_openblas64/lib), which
+    ctypes opens as the copy already loaded."""
+    maps = Path(maps)
+    if maps.exists():
+        return sorted({line.split()[-1] for line in maps.read_text().splitlines()
+                       if "openblas" in line})
+    numpy_dir = Path(np.__file__).parent
+    folders = [numpy_dir / ".dylibs", numpy_dir.parent / "numpy.libs",
+               numpy_dir.parent / "scipy_openblas64" / "lib"]
+    return sorted(str(path) for folder in folders if folder.is_dir()
+                  for path in folder.iterdir() if "openblas" in path.name.lower()
+                  and (path.suffix in (".so", ".dylib", ".dll") or ".so." in path.name))
+
+
 def openblas(function):
-    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads"), found
-    among the libraries this process has loaded, or None (another BLAS, or not Linux)."""
+    """numpy's own OpenBLAS function `function` ("set_num_threads", "get_num_threads",
+    "get_config", "get_corename"), found among openblas_paths(), or None (another BLAS)."""
     if function in _BLAS:
         return _BLAS[function]
     _BLAS[function] = None
-    maps = Path("/proc/self/maps")
-    paths = ({line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line}
-             if maps.exists() else set())
-    for path in sorted(paths):
-        lib = ctypes.CDLL(path)
+    for path in openblas_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
         for name in (f"scipy_openblas_{function}64_", f"openblas_{function}64_",
                      f"openblas_{function}"):
             if hasattr(lib, name) and _BLAS[function] is None:

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..tokenizer import Tokenizer
-from .files import LOCK_FILE, atomic_savez, atomic_write_json, load_npz, read_json
+from .dirlock import LOCK_FILE
+from .files import atomic_savez, atomic_write_json, load_npz, read_json
 
 CONFIG = "config.json"         # the run's TrainConfig
 LOG = "log.jsonl"              # one line per step
@@ -83,6 +84,12 @@ def read_run_config(run_dir):
     return upgrade_config(config)
 
 
+
+
+def read_run_info(run_dir):
+    """The "info" dict of run_dir/config.json ({} when absent); read_run_config checks the file."""
+    info = read_json(Path(run_dir) / CONFIG, "run config (config.json)").get("info")
+    return info if isinstance(info, dict) else {}
 
 
 def check_run_format(config, path):

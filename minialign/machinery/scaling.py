@@ -79,6 +79,12 @@ def gap_trend(points):
     return out
 
 
+def signed(x, digits):
+    """x with its sign, `digits` decimals: "+0.0123", "-0.5000"; a value that rounds to zero
+    is "+0.0000" (a slope of -1e-17 from rounding would otherwise print as "-0.0000")."""
+    return f"{round(x, digits) + 0.0:+.{digits}f}"          # -0.0 + 0.0 is +0.0
+
+
 def trend_sentence(trend, metric):
     """One line for results.md, computed from gap_trend's dict."""
     gap = f"The good_views − next_token gap in {metric}"
@@ -87,7 +93,7 @@ def trend_sentence(trend, metric):
                 f"over {trend['sizes']} sizes; the fit needs at least 3 pairs over 2 sizes).")
     verdict = (f"is {trend['verdict']}" if trend["verdict"].startswith("not")
                else f"{trend['verdict']} with encoder size")
-    return (f"{gap} {verdict}: slope {trend['slope']:+.4f} ± {trend['se']:.4f} per tenfold "
-            f"increase in parameters (a least-squares line through {trend['n']} size/seed "
+    return (f"{gap} {verdict}: slope {signed(trend['slope'], 4)} ± {trend['se']:.4f} per "
+            f"tenfold increase in parameters (a least-squares line through {trend['n']} size/seed "
             f"pairs, {trend['sizes']} sizes; called only when |slope| > {SLOPE_SIGMAS} "
             f"standard errors).")

@@ -25,7 +25,7 @@ from .files import atomic_write_bytes, atomic_write_json, read_json
 from .protocol import load_protocol, run_config, run_name
 from .report import TEXT_KEY, cell, environment_lines, fmt, mean_std, run_numbers
 from .rundir import read_run_config
-from .scaling import count_params, gap_trend, size_config, trend_sentence
+from .scaling import count_params, gap_trend, signed, size_config, trend_sentence
 
 FIGURE = "fig_scaling.png"
 IMAGE_KEY = "mutual_knn"
@@ -228,7 +228,8 @@ def fig_scaling(results, path):
     if len(gaps) > 1:
         draw.line([px(p, gap["summary"]["mean"]) for p, gap in gaps], fill=INK, width=4)
     t = results["trend"]
-    verdict = (f"slope {t['slope']:+.3f} ± {t['se']:.3f} per tenfold parameters: {t['verdict']}"
+    verdict = (f"slope {signed(t['slope'], 3)} ± {t['se']:.3f} per tenfold parameters: "
+               f"{t['verdict']}"
                if t["slope"] is not None else t["verdict"])
     draw.text((1235, 812), verdict, font=font(26), fill=INK, anchor="ma")
     legend(draw, (130, 860), [(o, COLOURS.get(o, GREY)) for o in series])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import train
 from ..objectives import OBJECTIVES
-from . import estimate, evaluate, jobs as jobs_, replicate, scaling_report
+from . import bench, estimate, evaluate, jobs as jobs_, replicate, scaling_report
 from .flags import (UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
                     nonnegative_int, positive_int)
 from .machine import describe
@@ -128,7 +128,8 @@ def print_estimate(protocol, out, jobs, threads, per_run_mb, vocab_size):
                         f"{estimate.hours(estimate.run_seconds(b, m[obj]))}" for obj in m)
         print(f"[estimate] D={size[0]} L={size[1]} H={cfg.n_heads} "
               f"({scaling_report.params_text(count_params(cfg))} parameters): {one}; peak "
-              f"{max(x['peak_rss_mb'] for x in m.values()):,.0f} MB", flush=True)
+              f"{bench.rss_text(bench.max_rss(x['peak_rss_mb'] for x in m.values()))}",
+              flush=True)
     found = sweep_estimate(protocol, out, measured, jobs, threads)
     print(f"[estimate] plan: {found['left']} of {found['runs']} runs left "
           f"({len(protocol.objectives)} objectives x {len(protocol.seeds)} seeds x "

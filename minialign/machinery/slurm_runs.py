@@ -30,7 +30,8 @@ from pathlib import Path
 from ..train import TrainConfig, prepare
 from . import report, slurm
 from .embeddings import sha256_file
-from .files import DirLock, atomic_write_json
+from .dirlock import DirLock
+from .files import atomic_write_json
 from .flags import LOSS_FIELDS, MODEL_FIELDS, TRAIN_FLAGS, add_config_flags, config_from_args
 from .jobs import log_tail, run_memory_mb
 from .machine import describe

@@ -1,0 +1,134 @@
+"""Tests for minialign.machinery.dirlock: each lock backend refuses a second process, names the
+holder, and never lets a dead holder block. flock runs here as itself; Windows' msvcrt.locking
+is stood in for by POSIX record locks with its contract (a lock from the file position, EACCES
+when held); the pidfile backend (neither fcntl nor msvcrt) runs as itself.
+(The same lock with fcntl hidden, in `train`: test_platforms.py; in a real run: test_faults.py.)"""
+import errno
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import fcntl
+except ImportError:                    # Windows: its own msvcrt, no flock
+    fcntl = None
+
+from minialign.machinery import dirlock
+from minialign.machinery.dirlock import LOCK_FILE, DirLock, DirLockedError
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = [pytest.param("flock", marks=pytest.mark.skipif(fcntl is None, reason="no fcntl")),
+            "msvcrt",                                  # Windows' own, elsewhere FakeMsvcrt
+            pytest.param("pidfile", marks=pytest.mark.skipif(
+                os.name == "nt", reason="pid liveness is not checked on Windows"))]
+
+
+class FakeMsvcrt:
+    """msvcrt.locking's contract on POSIX record locks (per process, like Windows' locks):
+    locks `nbytes` from the file's current position; LK_NBLCK fails with EACCES when held."""
+    LK_UNLCK, LK_NBLCK = 0, 2
+
+    @staticmethod
+    def locking(fd, mode, nbytes):
+        start = os.lseek(fd, 0, os.SEEK_CUR)
+        if mode == FakeMsvcrt.LK_UNLCK:
+            fcntl.lockf(fd, fcntl.LOCK_UN, nbytes, start)
+            return
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, nbytes, start)
+        except OSError:
+            raise PermissionError(errno.EACCES, "Permission denied") from None
+
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from minialign.machinery import dirlock
+from test_dirlock import FakeMsvcrt
+dirlock.msvcrt = dirlock.msvcrt or FakeMsvcrt
+lock = dirlock.DirLock(sys.argv[1], backend=sys.argv[2]).acquire()
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def hold(directory, backend):
+    """A process holding `directory` with `backend`, started and locked."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory), backend,
+                               str(ROOT / "tests")], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_process_is_refused_and_a_killed_holder_never_blocks(backend, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setattr(dirlock, "msvcrt", dirlock.msvcrt or FakeMsvcrt)
+    holder = hold(tmp_path / "run", backend)
+    try:
+        with pytest.raises(DirLockedError) as err:
+            DirLock(tmp_path / "run", backend=backend).acquire()
+        message = str(err.value)
+        assert message.startswith(f"{tmp_path / 'run'}: in use by another minialign process "
+                                  f"(pid {holder.pid} on {socket.gethostname()}, started ")
+        assert "\n" not in message and message.endswith("then rerun")
+    finally:
+        holder.kill()                                 # SIGKILL: no clean-up of any kind
+        holder.wait()
+    with DirLock(tmp_path / "run", backend=backend) as lock:      # the dead holder's lock
+        assert f"pid {os.getpid()} " in (tmp_path / "run" / LOCK_FILE).read_text()
+        assert lock.fd is not None
+    assert (tmp_path / "run" / LOCK_FILE).exists() == (backend != "pidfile")
+
+
+def test_the_backend_is_chosen_by_what_the_platform_has(monkeypatch):
+    assert dirlock.lock_backend() == ("msvcrt" if os.name == "nt" else "flock")
+    monkeypatch.setattr(dirlock, "fcntl", None)
+    monkeypatch.setattr(dirlock, "msvcrt", FakeMsvcrt)
+    assert dirlock.lock_backend() == "msvcrt"                    # Windows
+    monkeypatch.setattr(dirlock, "msvcrt", None)
+    assert dirlock.lock_backend() == "pidfile"                   # neither
+    assert DirLock("x").backend == "pidfile"
+
+
+def dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.skipif(os.name == "nt", reason="pid liveness is not checked on Windows")
+@pytest.mark.parametrize("line, taken", [
+    ("pid {dead} on {host}, started 2026-01-01 00:00:00: python -m minialign train", True),
+    ("pid {me} on {host}, started 2026-01-01 00:00:00: python -m minialign train", False),
+    ("pid {dead} on another-host, started 2026-01-01 00:00:00: python -m minialign", False),
+    ("", False),                                  # created, its line not written yet
+])
+def test_a_pid_file_is_taken_over_only_when_its_process_is_gone_from_this_host(
+        line, taken, tmp_path):
+    (tmp_path / LOCK_FILE).write_text(line.format(dead=dead_pid(), me=os.getpid(),
+                                                  host=socket.gethostname()))
+    lock = DirLock(tmp_path, backend="pidfile")
+    if taken:
+        lock.acquire()
+        assert (tmp_path / LOCK_FILE).read_text().startswith(f"pid {os.getpid()} on ")
+        lock.release()
+        assert not (tmp_path / LOCK_FILE).exists()
+    else:
+        with pytest.raises(DirLockedError, match="in use by another minialign process"):
+            lock.acquire()
+        assert (tmp_path / LOCK_FILE).read_text() != "" or line == ""   # left as it was
+
+
+def test_check_free_leaves_no_pid_file_behind(tmp_path):
+    DirLock(tmp_path, backend="pidfile").check_free()            # nothing there: nothing made
+    assert not (tmp_path / LOCK_FILE).exists()
+    with DirLock(tmp_path, backend="pidfile"):
+        pass
+    DirLock(tmp_path, backend="pidfile").check_free()
+    assert list(tmp_path.iterdir()) == []
