@@ -11,7 +11,7 @@ OBJECTIVE  ?= good_views
 STEPS      ?= 3000
 SEED       ?= 0
 # LAYERS=reference: train on minialign/layers.py, the readable layer set (slower, same maths
-# within float rounding); fast (default): machinery/fast.py. Every target that trains takes it,
+# within float rounding); fast (default): machinery/fastpath/fast.py. Every target that trains takes it,
 # and writes into a directory whose name ends in -reference.
 LAYERS     ?= fast
 LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
@@ -76,9 +76,9 @@ bench:              ## ms/step of each objective, on the fast and on the referen
 	$(PY) -m minialign bench $(BENCH_CAPTIONS)
 
 bench-torch:        ## minialign vs PyTorch eager (benchmarks/torch_step.py) on the same batch, A B A B; needs the [bench] extra
-	$(PY) -m minialign.machinery.bench_torch --pairs 3 --max-len 16 $(BENCH_CAPTIONS)
+	$(PY) -m minialign.machinery.timing.bench_torch --pairs 3 --max-len 16 $(BENCH_CAPTIONS)
 
-# ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
+# ---- the replication: minialign/machinery/grid/replicate.py (runs) and minialign/machinery/experiment/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
 # progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick, 10 in demo).
 # ANTICOLLAPSE=sigreg: every objective with LeJEPA's SIGReg in place of VICReg's variance +
@@ -154,7 +154,7 @@ $(DEMO_WORLD)/captions_synthetic.json:
 report:             ## rebuild results.md, results.json and the figures: make report RESULTS=results/synthetic
 	$(PY) -m minialign report $(RESULTS)
 
-# The scaling sweep (minialign/machinery/scaling_run.py on replicate's machinery; the table,
+# The scaling sweep (minialign/machinery/grid/scaling_run.py on replicate's machinery; the table,
 # fig_scaling.png and the gap's trend: scaling_report.py). Stop and rerun as replicate; a rerun
 # with the embeddings scores the finished runs without retraining. GRID=plus (default): widths
 # 64 128 256 512 at L=4 and depths 2 4 8 at D=256, 6 sizes x 3 objectives x 3 seeds = 54 runs
