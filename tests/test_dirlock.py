@@ -47,7 +47,7 @@ class FakeMsvcrt:
 HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
-from minialign.machinery import dirlock
+from minialign.machinery.run import dirlock
 from test_dirlock import FakeMsvcrt
 dirlock.msvcrt = dirlock.msvcrt or FakeMsvcrt
 lock = dirlock.DirLock(sys.argv[1], backend=sys.argv[2]).acquire()

@@ -73,7 +73,8 @@ def train_argv(world, out, steps):
 # ---------------------------------------------------------------- without fcntl and resource
 IMPORT_ALL = """
 import importlib, pkgutil, minialign
-from minialign.machinery import bench, dirlock
+from minialign.machinery.run import dirlock
+from minialign.machinery.timing import bench
 names = [m.name for m in pkgutil.walk_packages(minialign.__path__, "minialign.")]
 for name in names:
     importlib.import_module(name)
