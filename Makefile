@@ -11,7 +11,7 @@ OBJECTIVE  ?= good_views
 STEPS      ?= 3000
 SEED       ?= 0
 # LAYERS=reference: train on minialign/layers.py, the readable layer set (slower, same maths
-# within float rounding); fast (default): machinery/fast.py. Every target that trains takes it,
+# within float rounding); fast (default): machinery/fastpath/fast.py. Every target that trains takes it,
 # and writes into a directory whose name ends in -reference.
 LAYERS     ?= fast
 LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
@@ -48,7 +48,7 @@ test-oldest:        ## python -m pytest -q under the oldest supported numpy, in 
 
 # one line, exit 2, when the captions file is missing: which make command creates it
 CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \
-	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (e.g. ../shared/coco/captions_val2017.json)' >&2; exit 2; }
+	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (COCO'"'"'s own val2017 captions work)' >&2; exit 2; }
 
 data:               ## one-time (internet): COCO captions, the 10,000-photo subset, its photos -> coco/
 	$(PY) -m minialign data
@@ -70,13 +70,15 @@ train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME
 	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) --out $(RUN) $(if $(RESUME),--resume) \
 	    $(if $(FORCE),--force)
 
+# bench and bench-torch time a real COCO batch: the first captions file replicate-quick finds
+BENCH_CAPTIONS = $(if $(QUICK_CAPTIONS),--captions $(QUICK_CAPTIONS))
 bench:              ## ms/step of each objective, on the fast and on the reference layer set
-	$(PY) -m minialign bench
+	$(PY) -m minialign bench $(BENCH_CAPTIONS)
 
 bench-torch:        ## minialign vs PyTorch eager (benchmarks/torch_step.py) on the same batch, A B A B; needs the [bench] extra
-	$(PY) -m minialign.machinery.bench_torch --pairs 3 --max-len 16
+	$(PY) -m minialign.machinery.timing.bench_torch --pairs 3 --max-len 16 $(BENCH_CAPTIONS)
 
-# ---- the replication: minialign/machinery/replicate.py (runs) and minialign/machinery/report.py (table, figures).
+# ---- the replication: minialign/machinery/grid/replicate.py (runs) and minialign/machinery/experiment/report.py (table, figures).
 # Every target can be stopped (Ctrl-C) and rerun: finished runs are skipped, the run in
 # progress resumes from its last checkpoint (every 250 steps; 50 in replicate-quick, 10 in demo).
 # ANTICOLLAPSE=sigreg: every objective with LeJEPA's SIGReg in place of VICReg's variance +
@@ -106,11 +108,12 @@ eta:                ## how long `make replicate` (same JOBS, IMAGE_EVAL) will ta
 	$(CHECK_CAPTIONS)
 	$(PY) -m minialign replicate $(REPLICATE_ARGS) --dry-run
 
-# The classroom version, 18-20 min measured on this project's shared 2-core VMs (~5 min at the
-# reference machine's speed; make eta-quick says for yours): one seed, no lr search, 200 steps of
+# The classroom version, 18-20 min measured on a busy 2-core machine (~5 min on a fast one;
+# make eta-quick says for yours; docs/performance.md): one seed, no lr search, 200 steps of
 # 128 photos (a default-size step of 128 photos: ~0.65 s good/bad views, ~1.25 s next token).
 # No download needed: the first captions file that exists of the subset, your COCO val2017
-# captions, and this machine's shared copy (a test fixture); embeddings to match.
+# captions, and the development machine's copy beside the checkout (SHARED, optional: a clone
+# has none and needs none); embeddings to match.
 QUICK_CAPTIONS   ?= $(firstword $(wildcard $(SUBSET) coco/annotations/captions_val2017.json \
                                           $(SHARED)/captions_val2017.json))
 QUICK_EMBEDDINGS ?= $(strip $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDINGS),\
@@ -151,7 +154,7 @@ $(DEMO_WORLD)/captions_synthetic.json:
 report:             ## rebuild results.md, results.json and the figures: make report RESULTS=results/synthetic
 	$(PY) -m minialign report $(RESULTS)
 
-# The scaling sweep (minialign/machinery/scaling_run.py on replicate's machinery; the table,
+# The scaling sweep (minialign/machinery/grid/scaling_run.py on replicate's machinery; the table,
 # fig_scaling.png and the gap's trend: scaling_report.py). Stop and rerun as replicate; a rerun
 # with the embeddings scores the finished runs without retraining. GRID=plus (default): widths
 # 64 128 256 512 at L=4 and depths 2 4 8 at D=256, 6 sizes x 3 objectives x 3 seeds = 54 runs

@@ -1,6 +1,6 @@
 """minialign's training step written in plain PyTorch (CPU, eager): what a user would write
 instead, to time minialign against. Not part of the package and never imported by it; it runs
-in its own process (`python -m minialign.machinery.bench_torch` starts it), with torch from the
+in its own process (`python -m minialign.machinery.timing.bench_torch` starts it), with torch from the
 optional `[bench]` extra: `pip install -e '.[bench]'` (the CPU wheel first, see docs).
 
 The same model and step as minialign's (model.py, objectives.py, optim.py), in torch's own

@@ -3,12 +3,12 @@
 import os
 import sys
 
-from .machinery.blasenv import one_blas_thread
+from .machinery.run.blasenv import one_blas_thread
 
 one_blas_thread(os.environ, sys.argv[1:])       # before numpy is imported (blasenv.py)
 
-from .machinery import cli                                      # noqa: E402 (numpy: after)
-from .machinery.machine import keep_freed_memory                 # noqa: E402
+from .machinery import cli                            # noqa: E402 (numpy: after)
+from .machinery.run.machine import keep_freed_memory  # noqa: E402
 
 
 def main(argv=None):

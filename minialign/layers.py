@@ -15,8 +15,8 @@ twice (two views) before any backward. Layers never cast (float64 in the gradien
 float32 in training) and never write into their `dy` or cache.
 
 This module is the reference, and model.encode is written in its calls. The same names with
-the same signatures, arranged for speed, are the fast set (machinery/fast.py over fast_layers.py
-and fast_rows.py: length-sorted rows, attention per group of one length, row blocks over the
+the same signatures, arranged for speed, are the fast set (machinery/fastpath/fast.py over
+fast_layers.py and fast_rows.py: length-sorted rows, attention per group of one length, row blocks over the
 cores, the tied head fused with cross-entropy); ModelConfig.layers picks one ("reference": this
 module, `--layers reference`). The fast set is tested against this one (tests/test_fast.py).
 

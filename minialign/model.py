@@ -2,8 +2,8 @@
 LayerNorm -> masked mean pool -> one D-dim caption embedding z.
 
 encode and encode_backward are written once, in the calls of a layer set: minialign/layers.py,
-the readable reference, or machinery/fast.py, the fast path under the same names (packed rows
-sorted by length, attention per group of one length, row blocks over the cores). The config
+the readable reference, or machinery/fastpath/fast.py, the fast path under the same names
+(packed rows sorted by length, attention per group of one length, row blocks over the cores). The config
 picks one (ModelConfig.layers, `--layers`), in one place: layer_set. The tied next-token head
 is the set's lm_head_forward / lm_head_backward (objectives.next_token).
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import layers
-from .machinery import fast   # the fast set: layers.py's names over the fast path
+from .machinery.fastpath import fast   # the fast set: layers.py's names over the fast path
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -66,7 +66,7 @@ class ModelConfig:
     n_layers: int = 4           # L
     n_heads: int = 4            # H (D must divide by H)
     mlp_ratio: int = 4          # F = mlp_ratio * D
-    layers: str = "fast"        # "fast" (machinery/fast.py) | "reference" (layers.py): same maths
+    layers: str = "fast"        # "fast" (machinery/fastpath/fast.py) | "reference" (layers.py)
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range."""
@@ -79,7 +79,7 @@ class ModelConfig:
 
 def layer_set(cfg):
     """The layer set the model runs (cfg: a ModelConfig): minialign/layers.py for
-    cfg.layers = "reference", machinery/fast.py for "fast". The one switch between them."""
+    cfg.layers = "reference", machinery/fastpath/fast.py for "fast". The one switch between them."""
     return LAYER_SETS[cfg.layers]
 
 

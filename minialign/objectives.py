@@ -94,7 +94,8 @@ def next_token(params, batch, cfg, rng):
     tied head), plus the same anti-collapse terms (VICReg's variance + covariance, or SIGReg) on
     the two captions of each photo, weighted by anticollapse_weight (no invariance). The head
     reads the token embedding, so tok_emb sums two gradients. The fast set runs the head's
-    three calls as one fused pass that never holds all (n_t, V) logits (machinery/fast.py)."""
+    three calls as one fused pass that never holds all (n_t, V) logits
+    (machinery/fastpath/fast.py)."""
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=True)         # <- (2B, D), (n, D)

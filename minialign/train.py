@@ -1,7 +1,7 @@
 """Training: TrainConfig, one training step, the loop (what it does around the step, from
-checking its inputs to the final evaluation: machinery/monitor.py).
+checking its inputs to the final evaluation: machinery/run/monitor.py).
 
-A run writes a run directory (machinery/rundir.py names and documents its files), resumable
+A run writes a run directory (machinery/run/rundir.py names and documents its files), resumable
 from its checkpoint. Training never reads image embeddings: nothing here imports their modules.
 """
 import dataclasses
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .machinery.checkpoint import (CHECKPOINT_SECONDS, open_run, resume_run, run_state,
-                                   save_checkpoint)
-from .machinery.files import append_line
-from .machinery.monitor import Progress, evaluate_val, finish, prepare, print_start, run_info
-from .machinery.rundir import finished_run, open_log, record_divergence, start_run
+from .machinery.run.checkpoint import (CHECKPOINT_SECONDS, open_run, resume_run, run_state,
+                                       save_checkpoint)
+from .machinery.run.files import append_line
+from .machinery.run.monitor import Progress, evaluate_val, finish, prepare, print_start, run_info
+from .machinery.run.rundir import finished_run, open_log, record_divergence, start_run
 from .data import SPLIT_SEED, sample_batch
 from .model import ModelConfig, check_fields, init_params
 from .objectives import OBJECTIVES, ObjectiveConfig

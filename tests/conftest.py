@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from minialign.machinery.blasenv import one_blas_thread
+from minialign.machinery.run.blasenv import one_blas_thread
 
 # Before any test imports numpy: its BLAS on one thread, as `python -m minialign` sets it
 # (blasenv.py), so a bit-identity test of the same code on 1, 2 or 3 pool threads holds on

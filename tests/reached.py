@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minialign.machinery.exercises import ROOT, find_exercises
+from minialign.machinery.course.exercises import ROOT, find_exercises
 
 
 def pytest_addoption(parser):

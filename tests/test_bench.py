@@ -1,4 +1,4 @@
-"""The benchmark's FLOP count (machinery/gemms.py) against hand counts, the replayed GEMMs'
+"""The benchmark's FLOP count (machinery/timing/gemms.py) against hand counts, the replayed GEMMs'
 operands, one tiny end-to-end run, and bench_torch's checks and children (no timing asserts:
 speed is what `python -m minialign bench` reports, not what the tests check)."""
 import argparse
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minialign.machinery import bench_torch
-from minialign.machinery.bench import KEYS, print_row, token_counts
+from minialign.machinery.timing import bench_torch
+from minialign.machinery.timing.bench import KEYS, print_row, token_counts
 from minialign.machinery.cli import add_bench_args, run_bench
-from minialign.machinery.fast_layers import packed_layout
-from minialign.machinery.gemms import attention_grids, gemm_calls, step_flops, step_gemms
+from minialign.machinery.fastpath.fast_layers import packed_layout
+from minialign.machinery.timing.gemms import attention_grids, gemm_calls, step_flops, step_gemms
 from minialign.model import ModelConfig
 from minialign.objectives import OBJECTIVES
 from minialign.tokenizer import BOS, EOS, PAD
@@ -127,7 +127,7 @@ def test_negative_non_gemm_share_is_printed_as_host_noise(capsys):
 
 
 def test_use_cores_sets_numpy_blas_threads_and_refuses_zero():
-    from minialign.machinery import machine
+    from minialign.machinery.run import machine
     before = machine.cores()
     try:
         assert machine.use_cores(1) is True          # numpy's wheels ship OpenBLAS

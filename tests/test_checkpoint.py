@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import checkpoint, rundir, synthetic
+from minialign.machinery.run import checkpoint, rundir
+from minialign.machinery.images import synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -141,7 +142,7 @@ def test_resume_matches_the_captions_file_by_its_bytes_not_its_spelling(tmp_path
     """`train --captions c.json` then `--captions "$PWD/c.json" --resume` (or a copy of the
     same bytes) resumes; a file of other bytes is refused, naming both; a run from before the
     sha256 was recorded is matched by reading its saved spelling again."""
-    from minialign.machinery.files import atomic_write_json, read_json
+    from minialign.machinery.run.files import atomic_write_json, read_json
     captions = Path(synthetic.write_world(tmp_path / "world", n_scenes=120, seed=0)[0])
     monkeypatch.chdir(tmp_path)
     relative = os.path.relpath(captions)

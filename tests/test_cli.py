@@ -4,13 +4,14 @@ from Python. Every refusal comes before the captions are read; one tiny run chec
 --anticollapse sigreg trains end to end."""
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
 
-from minialign.machinery import flags
-from minialign.machinery.protocol import planned_runs
-from minialign.machinery.synthetic import write_world
+from minialign.machinery.run import flags
+from minialign.machinery.experiment.protocol import planned_runs
+from minialign.machinery.images.synthetic import write_world
 from minialign.__main__ import main
 from minialign.model import ModelConfig
 from minialign.objectives import ANTICOLLAPSE
@@ -235,3 +236,17 @@ def test_every_command_that_trains_takes_layers(command, extra):
                         else cli.scaling_run.protocol_from_args(args))
             cfg = planned_runs(protocol)[0]             # one run's config, sized for scaling
         assert cfg.model.layers == wanted
+
+
+def test_no_help_text_names_a_path_outside_the_repository():
+    """Every command's --help (and bench_torch's) works from a fresh clone: no default or help
+    names ../shared, the development machine's data, or an absolute path."""
+    from minialign.machinery.timing import bench_torch
+    from minialign.machinery import cli
+    top = cli.parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {name: p.format_help() for name, p in sub.choices.items()}
+    helps["bench_torch"] = bench_torch.parser().format_help()
+    outside = re.compile(r"\.\./|/shared/|/work/|/home/|\(default: /")
+    wrong = {name: outside.findall(text) for name, text in helps.items() if outside.search(text)}
+    assert not wrong, wrong

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import POSIX_SIGNALS
-from minialign.machinery import cli, evaluate, flags, synthetic
+from minialign.machinery import cli
+from minialign.machinery.images import evaluate, synthetic
+from minialign.machinery.run import flags
 from minialign.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minialign.machinery import coco, export
+from minialign.machinery.images import coco, export
 from minialign.__main__ import main
 from minialign.data import split_photos
-from minialign.machinery.monitor import load_coco_captions
+from minialign.machinery.run.monitor import load_coco_captions
 
 WORDS = np.array([f"word{i}" for i in range(400)])  # made-up vocabulary
 N_PHOTOS, N_FEW = 30_000, 100                        # photos with 5-7 captions; with 4
@@ -98,7 +98,7 @@ def test_more_photos_than_eligible_is_one_line(tmp_path):
 def fake_download(monkeypatch):
     """minialign.download with download() copying a local file (url = its path) and
     fetch_images() recording its records; returns the list of calls."""
-    from minialign.machinery import download, photos
+    from minialign.machinery.images import download, photos
     calls = []
 
     def fake(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
@@ -269,7 +269,7 @@ def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake
     url, _, sha = zip_of
     publish(monkeypatch, sha)
     failing = {"fetched": 10, "already_present": 0, "failed": {42: "HTTP 404", 7: "timed out"}}
-    monkeypatch.setattr(sys.modules["minialign.machinery.photos"], "fetch_images",
+    monkeypatch.setattr(sys.modules["minialign.machinery.images.photos"], "fetch_images",
                         lambda records, out_dir, **kw: failing)
     assert main(["data", "--root", str(tmp_path), "--num-photos", "12",
                  "--annotations-url", str(url)]) == 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minialign.model import ModelConfig
-from minialign.machinery.synthetic import write_world
+from minialign.machinery.images.synthetic import write_world
 from minialign.train import TrainConfig, train
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from minialign.machinery import exercises, synthetic
-from minialign.machinery.exercises import (blank, find_exercises, parse, repository_files,
-                                           restore_solutions, splice, write_student_copy)
-from minialign.machinery.grade import MARKER
+from minialign.machinery.course import exercises
+from minialign.machinery.images import synthetic
+from minialign.machinery.course.exercises import (blank, find_exercises, parse, repository_files,
+                                                  restore_solutions, splice, write_student_copy)
+from minialign.machinery.course.grade import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = find_exercises(ROOT)
@@ -222,7 +223,7 @@ def test_each_exercises_tests_reach_its_body_and_only_its_needs(tmp_path):
 
 
 def test_a_child_process_that_reaches_a_stub_names_it_through_its_exit_code():
-    from minialign.machinery import jobs
+    from minialign.machinery.grid import jobs
     with pytest.raises(NotImplementedError, match="^exercise 3: mean pooling — see "
                                                   "docs/course.md#exercise-3$") as err:
         jobs.raise_unfinished([0, None, jobs.EXIT_EXERCISE + 3])

@@ -5,7 +5,7 @@ import pytest
 from conftest import REAL_CAPTIONS
 
 from minialign.data import SPLIT_SEED, sample_batch, split_photos, tokenize_photos
-from minialign.machinery.monitor import Captions, eval_tokens, load_coco_captions
+from minialign.machinery.run.monitor import Captions, eval_tokens, load_coco_captions
 from minialign.tokenizer import EOS, MAX_LEN, PAD, build_tokenizer, clean_caption, split_words
 
 COCO_VAL = REAL_CAPTIONS

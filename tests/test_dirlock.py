@@ -1,4 +1,4 @@
-"""Tests for minialign.machinery.dirlock: each lock backend refuses a second process, names the
+"""Tests for minialign.machinery.run.dirlock: each lock backend refuses a second process, names the
 holder, and never lets a dead holder block. flock runs here as itself; Windows' msvcrt.locking
 is stood in for by POSIX record locks with its contract (a lock from the file position, EACCES
 when held); the pidfile backend (neither fcntl nor msvcrt) runs as itself.
@@ -17,8 +17,8 @@ try:
 except ImportError:                    # Windows: its own msvcrt, no flock
     fcntl = None
 
-from minialign.machinery import dirlock
-from minialign.machinery.dirlock import LOCK_FILE, DirLock, DirLockedError
+from minialign.machinery.run import dirlock
+from minialign.machinery.run.dirlock import LOCK_FILE, DirLock, DirLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = [pytest.param("flock", marks=pytest.mark.skipif(fcntl is None, reason="no fcntl")),
@@ -47,7 +47,7 @@ class FakeMsvcrt:
 HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
-from minialign.machinery import dirlock
+from minialign.machinery.run import dirlock
 from test_dirlock import FakeMsvcrt
 dirlock.msvcrt = dirlock.msvcrt or FakeMsvcrt
 lock = dirlock.DirLock(sys.argv[1], backend=sys.argv[2]).acquire()

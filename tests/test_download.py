@@ -9,9 +9,9 @@ import zlib
 import pytest
 from PIL import Image
 
-import minialign.machinery.photos as photos_module
-from minialign.machinery.download import DownloadError, download, refuse_http
-from minialign.machinery.photos import IMAGES_URL, MANIFEST, fetch_images, photo_url
+import minialign.machinery.images.photos as photos_module
+from minialign.machinery.images.download import DownloadError, download, refuse_http
+from minialign.machinery.images.photos import IMAGES_URL, MANIFEST, fetch_images, photo_url
 
 from localhttp import TINY_BACKOFF, jpeg_bytes, random_bytes, sha256
 

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from minialign.machinery.embeddings import (describe_join, join_on_ids, load_embeddings,
-                                  save_embeddings, sha256_file)
+from minialign.machinery.images.embeddings import (describe_join, join_on_ids, load_embeddings,
+                                                   save_embeddings, sha256_file)
 
 META = {"model": "test-model", "preprocessing": {"size": {"shortest_edge": 64}},
         "pooling": "CLS token of last_hidden_state (after final LayerNorm)",

@@ -13,8 +13,9 @@ import pytest
 
 from minialign import train
 from minialign.machinery.cli import add_evaluate_args, run_evaluate
-from minialign.machinery import encoder, evaluate, synthetic
-from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign.machinery.run import encoder
+from minialign.machinery.images import evaluate, synthetic
+from minialign.machinery.images.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.metrics import (collapse_stats, fit_procrustes, mutual_knn, paraphrase_r_at_1,
                                rotated_recall)
 from minialign.model import ModelConfig
@@ -352,7 +353,7 @@ def test_damaged_run_json_is_one_line_naming_it(world, tmp_path, capsys, name, k
 
 def test_run_of_a_newer_minialign_is_refused(world, tmp_path, capsys):
     from minialign.__main__ import main
-    from minialign.machinery.rundir import RUN_FORMAT
+    from minialign.machinery.run.rundir import RUN_FORMAT
     run = copy_run(world, "good_views", tmp_path)
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "format": RUN_FORMAT + 1}))
@@ -411,7 +412,7 @@ def test_the_revision_of_the_embeddings_is_printed_and_stored(world, tmp_path, c
 
 
 def test_slot_summary():
-    from minialign.machinery.evaluate import slot_summary
+    from minialign.machinery.images.evaluate import slot_summary
     out = slot_summary(np.float64(2.0 * s) for s in range(5))
     assert out == {"mean": 4.0, "slot0": 0.0, "per_slot": [0.0, 2.0, 4.0, 6.0, 8.0]}
     assert all(type(v) is float for v in out["per_slot"])

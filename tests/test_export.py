@@ -9,11 +9,11 @@ import pytest
 from conftest import SHARED_COCO
 from PIL import Image
 
-from minialign.machinery.embeddings import load_embeddings, sha256_file
+from minialign.machinery.images.embeddings import load_embeddings, sha256_file
 from minialign.machinery.cli import add_export_args, run_export
-from minialign.machinery.export import (DEFAULT_REVISION, POOLING, choose_photos,
-                                        export_embeddings, load_pretrained, load_rgb,
-                                        plain_progress_due, plain_progress_line, to_rgb)
+from minialign.machinery.images.export import (DEFAULT_REVISION, POOLING, choose_photos,
+                                               export_embeddings, load_pretrained, load_rgb,
+                                               plain_progress_due, plain_progress_line, to_rgb)
 
 COCO_DIR = SHARED_COCO
 IMAGES_DIR = COCO_DIR / "images"

@@ -1,4 +1,4 @@
-"""The two layer sets agree (minialign/layers.py, the reference, and machinery/fast.py, the fast
+"""The two layer sets agree (minialign/layers.py, the reference, and machinery/fastpath/fast.py, the fast
 set; ModelConfig.layers picks one): one whole step's loss and every gradient on ragged batches,
 in float64 to 1e-10 and float32 to 1e-4 (relative to the largest entry); a 20-step run on the
 reference set ends within 1e-3 of the fast run's val metrics; and the reference set is what
@@ -13,7 +13,7 @@ from gradcheck import rel_err
 from minialign import layers
 from minialign.__main__ import main
 from minialign.data import Batch
-from minialign.machinery.synthetic import CAPTIONS_NAME, write_world
+from minialign.machinery.images.synthetic import CAPTIONS_NAME, write_world
 from minialign.model import ModelConfig, encode, encode_backward, init_params
 from minialign.objectives import OBJECTIVES, ObjectiveConfig
 from minialign.optim import adam_init

@@ -1,4 +1,4 @@
-"""The fast path (minialign/machinery/fast_layers.py, fast_rows.py) against the readable reference (minialign/layers.py):
+"""The fast path (minialign/machinery/fastpath/fast_layers.py, fast_rows.py) against the readable reference (minialign/layers.py):
 the same outputs and gradients on ragged batches, plus its own gradient checks and edge cases."""
 import warnings
 
@@ -9,16 +9,17 @@ from gradcheck import check_layer, numerical_grad, rel_err
 from minialign.layers import (attention_bias, gelu_backward, gelu_forward, mean_pool_backward,
                               mean_pool_forward, mha_backward, mha_forward)
 from minialign.losses import cross_entropy
-from minialign.machinery import fast, rows
-from minialign.machinery.fast_rows import gelu_backward_fast, gelu_forward_fast
-from minialign.machinery.fast_layers import (AttentionGroup, attention_scale,
-                                             cross_entropy_fast, group_heads,
-                                             mean_pool_backward_fast, mean_pool_forward_fast,
-                                             mha_backward_fast, mha_forward_fast, packed_layout,
-                                             softmax_attention_backward,
-                                             softmax_attention_forward,
-                                             tied_head_cross_entropy_fast)
-from minialign.machinery.machine import blas_library
+from minialign.machinery.fastpath import fast, rows
+from minialign.machinery.fastpath.fast_rows import gelu_backward_fast, gelu_forward_fast
+from minialign.machinery.fastpath.fast_layers import (AttentionGroup, attention_scale,
+                                                      cross_entropy_fast, group_heads,
+                                                      mean_pool_backward_fast,
+                                                      mean_pool_forward_fast, mha_backward_fast,
+                                                      mha_forward_fast, packed_layout,
+                                                      softmax_attention_backward,
+                                                      softmax_attention_forward,
+                                                      tied_head_cross_entropy_fast)
+from minialign.machinery.run.machine import blas_library
 
 # 10 captions in a T = 8 grid: ragged, one empty, one of length 1, lengths 2, 5 and 7 repeated
 LENGTHS = np.array([5, 2, 7, 1, 0, 4, 7, 2, 5, 5])

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from minialign import train
-from minialign.machinery import dirlock, files, monitor, rundir, synthetic
+from minialign.machinery.run import dirlock, files, monitor, rundir
+from minialign.machinery.images import synthetic
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -248,7 +249,7 @@ def test_a_truncated_checkpoint_is_one_line_naming_it(world, tmp_path):
 
 LOCK_HOLDER = """
 import sys, time
-from minialign.machinery.dirlock import DirLock
+from minialign.machinery.run.dirlock import DirLock
 lock = DirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(60)

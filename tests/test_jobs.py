@@ -18,9 +18,11 @@ import pytest
 
 from conftest import POSIX_SIGNALS
 from minialign import train
-from minialign.machinery import cli, estimate, jobs, replicate, synthetic
-from minialign.machinery.dirlock import DirLock
-from minialign.machinery.protocol import Protocol, run_name
+from minialign.machinery import cli
+from minialign.machinery.grid import estimate, jobs, replicate
+from minialign.machinery.images import synthetic
+from minialign.machinery.run.dirlock import DirLock
+from minialign.machinery.experiment.protocol import Protocol, run_name
 from minialign.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,11 +3,14 @@ level in LEVELS, so no import circle can form (the replicate <-> report circle o
 fail here), and the core never reaches up into the machinery that runs it.
 
 The core (minialign/*.py) stands on its own: two of its modules import from machinery/, and
-only these (CORE_MACHINERY): model imports machinery.fast, the fast layer set, in the one place
-that picks a layer set (it imports only layers and the fast path below it); train imports
-machinery.rundir, machinery.checkpoint, machinery.files and machinery.monitor (training reads
-its captions, writes a run directory, evaluates and prints its progress; they import only
-numpy, tqdm and the core below train).
+only these (CORE_MACHINERY): model imports machinery.fastpath.fast, the fast layer set, in the
+one place that picks a layer set (it imports only layers and the fast path below it); train
+imports run/'s rundir, checkpoint, files and monitor (training reads its captions, writes a run
+directory, evaluates and prints its progress; they import only numpy, tqdm and the core below
+train).
+
+machinery/ is in folders, one level each (FOLDER_LEVELS): a module imports machinery modules of
+its own folder or of a lower folder only, and no folder holds more than 12 modules.
 
 Parsed, not executed: every `import minialign.x`, `from minialign.x import y`, `from . import
 x`, `from .x import y` and `from ..x import y` anywhere in a file, function bodies included.
@@ -19,42 +22,61 @@ import minialign
 
 PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
-    "minialign": 0, "tokenizer": 0, "layers": 1, "losses": 0, "optim": 0, "metrics": 0,
-    "machinery": 0, "machinery.files": 0, "machinery.flags": 0, "machinery.rows": 0,
-    "machinery.blasenv": 0, "machinery.dirlock": 1,
-    "data": 2, "machinery.machine": 2, "machinery.fast_rows": 2, "machinery.fast_layers": 3,
-    "machinery.fast": 4,
-    "machinery.rundir": 2,
-    "machinery.embeddings": 2, "machinery.figures": 2, "machinery.slurm": 2,
-    "machinery.speed": 0, "machinery.exercises": 0, "machinery.grade": 1, "machinery.jobs": 4, "machinery.scaling": 6,
-    "model": 5, "machinery.gemms": 4, "machinery.checkpoint": 4, "machinery.download": 4,
-    "machinery.photos": 6, "machinery.synthetic_v2": 0,
-    "objectives": 6,
-    "machinery.monitor": 8, "machinery.caption_stats": 9,
-    "train": 10,
-    "machinery.encoder": 12, "machinery.protocol": 12, "machinery.evaluate": 12,
-    "machinery.synthetic": 12, "machinery.coco": 12, "machinery.export": 12, "machinery.bench": 12,
-    "machinery.baselines": 13,
-    "machinery.report": 14, "machinery.compare": 15, "machinery.bench_torch": 14, "machinery.estimate": 14,
-    "machinery.replicate": 16, "machinery.scaling_report": 15, "machinery.slurm_runs": 17,
-    "machinery.scaling_run": 17,
+    # the core
+    "losses": 0, "metrics": 0, "minialign": 0, "optim": 0, "tokenizer": 0, "layers": 1,
+    "data": 2, "model": 5, "objectives": 6, "train": 10, "__main__": 20,
+    # machinery/ and its folders' __init__.py
+    "machinery": 0, "machinery.course": 0, "machinery.experiment": 0, "machinery.fastpath": 0,
+    "machinery.grid": 0, "machinery.images": 0, "machinery.run": 0, "machinery.timing": 0,
     "machinery.cli": 18,
-    "__main__": 20,
+    # fastpath/
+    "machinery.fastpath.rows": 0, "machinery.fastpath.fast_rows": 2,
+    "machinery.fastpath.fast_layers": 3, "machinery.fastpath.fast": 4,
+    # run/
+    "machinery.run.blasenv": 0, "machinery.run.files": 0, "machinery.run.flags": 0,
+    "machinery.run.dirlock": 1, "machinery.run.machine": 2, "machinery.run.rundir": 2,
+    "machinery.run.checkpoint": 4, "machinery.run.monitor": 8, "machinery.run.encoder": 12,
+    # course/
+    "machinery.course.exercises": 0, "machinery.course.grade": 1,
+    # images/
+    "machinery.images.synthetic_v2": 0, "machinery.images.embeddings": 2,
+    "machinery.images.download": 4, "machinery.images.photos": 6,
+    "machinery.images.caption_stats": 9, "machinery.images.coco": 12,
+    "machinery.images.evaluate": 12, "machinery.images.export": 12,
+    "machinery.images.synthetic": 12,
+    # timing/
+    "machinery.timing.gemms": 4, "machinery.timing.bench": 12,
+    "machinery.timing.bench_torch": 14,
+    # experiment/
+    "machinery.experiment.speed": 0, "machinery.experiment.figures": 2,
+    "machinery.experiment.scaling": 6, "machinery.experiment.protocol": 12,
+    "machinery.experiment.baselines": 13, "machinery.experiment.report": 14,
+    "machinery.experiment.compare": 15, "machinery.experiment.scaling_report": 15,
+    # grid/
+    "machinery.grid.slurm": 2, "machinery.grid.jobs": 4, "machinery.grid.estimate": 14,
+    "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,
+    "machinery.grid.slurm_runs": 17,
 }
+# one level per folder of machinery/: a module imports machinery modules only of its own folder
+# or of a folder of a lower level (each folder's __init__.py says what it may import)
+FOLDER_LEVELS = {"machinery.fastpath": 1, "machinery.run": 2, "machinery.course": 2,
+                 "machinery.images": 3, "machinery.timing": 3, "machinery.experiment": 4,
+                 "machinery.grid": 5, "machinery": 6}
+MAX_MODULES_PER_FOLDER = 12
 # imports inside a function, each for a reason other than dodging a circle
 LAZY_IMPORTS = {
-    ("machinery.export", "torch"), ("machinery.export", "transformers"),  # optional extra
-    ("machinery.coco", "machinery.download"),   # only `data` needs the network code
-    ("machinery.coco", "machinery.photos"),
-    ("machinery.grade", "pytest"),              # the [test] extra: only grading needs it
+    ("machinery.images.export", "torch"),                    # the optional [export] extra
+    ("machinery.images.export", "transformers"),
+    ("machinery.images.coco", "machinery.images.download"),  # only `data` needs the network code
+    ("machinery.images.coco", "machinery.images.photos"),
+    ("machinery.course.grade", "pytest"),                    # the [test] extra: only grading
 }
 CORE = ("minialign", "tokenizer", "data", "layers", "model", "losses", "optim", "metrics",
         "objectives", "train", "__main__")
-CORE_MACHINERY = {"model": {"machinery.fast"},
-                  "train": {"machinery.rundir", "machinery.checkpoint", "machinery.files",
-                            "machinery.monitor"}}
-IMAGE_SIDE = {"machinery.embeddings", "machinery.evaluate", "machinery.export",
-              "machinery.coco", "machinery.download", "machinery.photos"}
+CORE_MACHINERY = {"model": {"machinery.fastpath.fast"},
+                  "train": {"machinery.run.rundir", "machinery.run.checkpoint",
+                            "machinery.run.files", "machinery.run.monitor"}}
+IMAGE_SIDE = {m for m in LEVELS if m.startswith("machinery.images.")}  # train never reaches it
 
 
 def module_name(path):
@@ -64,11 +86,22 @@ def module_name(path):
     return ".".join(parts) or "minialign"
 
 
+PACKAGES = {module_name(p) for p in PKG.rglob("__init__.py")}
+
+
 def package_of(module):
     """The package a module's relative imports start from, as a list of names."""
-    if module == "minialign" or "." not in module and module != "machinery":
+    if module == "minialign":
         return ["minialign"]
-    return ["minialign", "machinery"]
+    parts = module.split(".")
+    return ["minialign"] + (parts if module in PACKAGES else parts[:-1])
+
+
+def folder_of(module):
+    """machinery.run.files -> machinery.run; machinery.cli -> machinery; a core module -> None."""
+    if not module.startswith("machinery"):
+        return None
+    return module if module in PACKAGES else module.rsplit(".", 1)[0]
 
 
 def known(name):
@@ -155,7 +188,7 @@ def test_training_never_imports_the_image_side():
         if module not in seen:
             seen.add(module)
             todo += sorted(graph[module][0])
-    assert {"data", "model", "objectives", "machinery.rundir"} <= seen   # the walk follows imports
+    assert {"data", "model", "objectives", "machinery.run.rundir"} <= seen  # the walk works
     assert not seen & IMAGE_SIDE, f"train reaches {sorted(seen & IMAGE_SIDE)}"
     assert not set.union(*(graph[m][1] for m in seen)) & {"torch", "transformers", "PIL"}
 
@@ -167,3 +200,22 @@ def test_the_core_imports_from_machinery_only_the_fast_set_and_trains_helpers():
                        and d not in CORE_MACHINERY.get(m, set()))
              for m in CORE if m != "__main__"}      # __main__ starts the command line
     assert not any(wrong.values()), {m: d for m, d in wrong.items() if d}
+
+
+def test_every_folder_has_a_level_and_a_docstring_and_at_most_12_modules():
+    folders = {m for m in PACKAGES if m.startswith("machinery")}
+    assert folders == set(FOLDER_LEVELS)
+    for folder in folders:
+        init = PKG.joinpath(*folder.split("."), "__init__.py")
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{folder}/__init__.py: no docstring"
+        modules = [m for m in LEVELS if m not in PACKAGES and folder_of(m) == folder]
+        assert len(modules) <= MAX_MODULES_PER_FOLDER, f"{folder}: {len(modules)} modules"
+
+
+def test_folders_import_only_their_own_or_lower_folders():
+    wrong = [f"{m} ({folder_of(m)}, level {FOLDER_LEVELS[folder_of(m)]}) imports {d} "
+             f"({folder_of(d)}, level {FOLDER_LEVELS[folder_of(d)]})"
+             for m, (ours, _, _) in import_graph().items() if folder_of(m) for d in sorted(ours)
+             if folder_of(d) and folder_of(d) != folder_of(m)
+             and FOLDER_LEVELS[folder_of(d)] >= FOLDER_LEVELS[folder_of(m)]]
+    assert not wrong, "\n".join(wrong)

@@ -7,9 +7,9 @@ from gradcheck import check_layer
 from minialign.layers import (attention_backward, attention_bias, attention_forward,
                               embedding_backward, embedding_forward, gelu_backward, gelu_forward,
                               layernorm_backward, layernorm_forward, linear_backward,
-                              linear_forward, lm_head_backward, lm_head_forward,
-                              mean_pool_backward, mean_pool_forward, merge_heads, mha_backward,
-                              mha_forward, pool_backward, pool_forward, split_heads, token_rows)
+                              linear_forward, lm_head_backward, lm_head_forward, mean_pool_backward,
+                              mean_pool_forward, merge_heads, mha_backward, mha_forward,
+                              pool_backward, pool_forward, split_heads, token_rows)
 
 
 def test_linear_backward():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from gradcheck import numerical_grad, rel_err
 
-from minialign.losses import (SIGREG_POINTS, SIGREG_T_MAX, cross_entropy, sigreg,
-                              sigreg_directions, sigreg_loss, vicreg_loss)
+from minialign.losses import (SIGREG_POINTS, SIGREG_T_MAX, cross_entropy, sigreg, sigreg_directions,
+                              sigreg_loss, vicreg_loss)
 
 
 def test_vicreg_hand_computed():

@@ -3,10 +3,9 @@ import numpy as np
 import pytest
 
 from minialign.metrics import (COLLAPSE_STD_FRACTION, collapse_stats, cosine_similarity,
-                               fit_procrustes, fit_rotation, knn_indices, l2_normalize,
-                               mutual_knn, paraphrase_r_at_1, prepare_for_rotation,
-                               recall_at_k, rotated_recall)
-from minialign.machinery.monitor import text_metrics
+                               fit_procrustes, fit_rotation, knn_indices, l2_normalize, mutual_knn,
+                               paraphrase_r_at_1, prepare_for_rotation, recall_at_k, rotated_recall)
+from minialign.machinery.run.monitor import text_metrics
 
 
 def random_semi_orthogonal(rng, d_in, d_out):

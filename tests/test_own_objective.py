@@ -15,8 +15,11 @@ from gradcheck import numerical_grad, rel_err
 from test_objectives import Config, tiny_batch, tiny_params
 
 from minialign import objectives, train
-from minialign.machinery import cli, replicate, report, synthetic
-from minialign.machinery.protocol import Protocol
+from minialign.machinery import cli
+from minialign.machinery.grid import replicate
+from minialign.machinery.experiment import report
+from minialign.machinery.images import synthetic
+from minialign.machinery.experiment.protocol import Protocol
 from minialign.model import ModelConfig, encode, encode_backward
 from minialign.objectives import pair_loss
 

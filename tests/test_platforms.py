@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 
 from conftest import POSIX_SIGNALS
-from minialign.machinery import bench, cli, dirlock, jobs, machine, synthetic
+from minialign.machinery.timing import bench
+from minialign.machinery import cli
+from minialign.machinery.run import dirlock, machine
+from minialign.machinery.grid import jobs
+from minialign.machinery.images import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--batch-photos", "16"]
@@ -69,7 +73,8 @@ def train_argv(world, out, steps):
 # ---------------------------------------------------------------- without fcntl and resource
 IMPORT_ALL = """
 import importlib, pkgutil, minialign
-from minialign.machinery import bench, dirlock
+from minialign.machinery.run import dirlock
+from minialign.machinery.timing import bench
 names = [m.name for m in pkgutil.walk_packages(minialign.__path__, "minialign.")]
 for name in names:
     importlib.import_module(name)
@@ -112,7 +117,7 @@ def test_train_ctrl_c_and_resume_without_fcntl_and_resource(hidden, world, tmp_p
 
 HOLDER = """
 import sys, time
-from minialign.machinery.dirlock import DirLock
+from minialign.machinery.run.dirlock import DirLock
 lock = DirLock(sys.argv[1]).acquire()
 print(lock.backend, flush=True)
 time.sleep(60)
@@ -250,7 +255,7 @@ def test_another_blas_is_fixed_by_its_variable_or_the_command_says_once(other_bl
 
 
 def test_the_entry_point_sets_one_thread_unless_the_user_did_or_the_command_is_export():
-    from minialign.machinery.blasenv import one_blas_thread
+    from minialign.machinery.run.blasenv import one_blas_thread
     env = {"MKL_NUM_THREADS": "4"}
     assert one_blas_thread(env, ["train", "--steps", "3"]) == [
         "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS"]
@@ -281,7 +286,7 @@ def test_python_m_minialign_sets_the_variables_before_numpy_loads(tmp_path):
 
 def test_openblas_is_found_beside_numpy_without_proc_self_maps(tmp_path):
     """macOS and Windows have no /proc/self/maps: the OpenBLAS numpy's wheel ships beside it."""
-    from minialign.machinery import rows
+    from minialign.machinery.fastpath import rows
     beside = [p for p in rows.openblas_paths()
               if Path(p).parent.name in ("numpy.libs", ".dylibs", "lib")]
     if not beside:

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import synthetic
-from minialign.machinery.machine import describe
+from minialign.machinery.images import synthetic
+from minialign.machinery.run.machine import describe
 from minialign.data import sample_batch
 from minialign.model import ModelConfig, init_params
 from minialign.objectives import OBJECTIVES

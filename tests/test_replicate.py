@@ -14,10 +14,14 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery.protocol import (Protocol, extend_side, grid_lr, lr_search, run_config,
-                                          run_name, selection_score)
-from minialign.machinery import cli, estimate, replicate, report, rundir, synthetic
-from minialign.machinery.embeddings import load_embeddings, save_embeddings, sha256_file
+from minialign.machinery.experiment.protocol import (Protocol, extend_side, grid_lr, lr_search,
+                                                     run_config, run_name, selection_score)
+from minialign.machinery import cli
+from minialign.machinery.grid import estimate, replicate
+from minialign.machinery.experiment import report
+from minialign.machinery.run import rundir
+from minialign.machinery.images import synthetic
+from minialign.machinery.images.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -198,7 +202,7 @@ def test_another_protocol_in_the_same_directory_is_refused(grid):
 
 def test_the_same_captions_under_another_spelling_is_the_same_protocol(grid, tmp_path,
                                                                       monkeypatch):
-    from minialign.machinery.protocol import check_protocol
+    from minialign.machinery.experiment.protocol import check_protocol
     captions = Path(grid["captions"]).resolve()
     monkeypatch.chdir(captions.parent)
     check_protocol(grid["out"], tiny_protocol(captions.name))           # relative: the same

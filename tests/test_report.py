@@ -16,9 +16,11 @@ from PIL import Image
 
 from minialign import train
 from minialign.machinery.cli import add_report_args, run_report
-from minialign.machinery.protocol import Protocol
-from minialign.machinery import evaluate, figures, replicate, report, synthetic
-from minialign.machinery.embeddings import load_embeddings, save_embeddings
+from minialign.machinery.experiment.protocol import Protocol
+from minialign.machinery.images import evaluate, synthetic
+from minialign.machinery.experiment import figures, report
+from minialign.machinery.grid import replicate
+from minialign.machinery.images.embeddings import load_embeddings, save_embeddings
 from minialign.model import ModelConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
@@ -156,7 +158,7 @@ def test_speed_table_follows_the_saved_curves(text_only):
     """results.json's "speed" per objective equals speed.py on each run's own saved val curve
     after step 0 (the untrained encoder, where the curve starts), with next_token's final value
     at the same seed as the target."""
-    from minialign.machinery.speed import speed_numbers, trained
+    from minialign.machinery.experiment.speed import speed_numbers, trained
     results = report.collect(text_only["out"])
     runs, metric = results["runs"], results["metric"]
     final = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
@@ -227,8 +229,8 @@ def test_context_rows_chance_untrained_ceiling(evaluated, text_only, tmp_path):
 def test_untrained_row_is_init_params_scored_by_hand(evaluated, text_only):
     """Seed 1's untrained scores = its init_params (train.run's first stream) encoding the test
     captions (float16, as runs save them), scored with metrics.py directly."""
-    from minialign.machinery.monitor import prepare
-    from minialign.machinery.protocol import load_protocol, run_config
+    from minialign.machinery.run.monitor import prepare
+    from minialign.machinery.experiment.protocol import load_protocol, run_config
     from minialign.metrics import fit_procrustes, mutual_knn, paraphrase_r_at_1, rotated_recall
     from minialign.model import encode, init_params
     report.collect(evaluated)

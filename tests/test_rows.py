@@ -1,5 +1,5 @@
-"""The row pool (minialign/machinery/rows.py) and the per-token layers that run on it
-(machinery/fast_rows.py): the references' outputs and gradients on ragged row counts,
+"""The row pool (minialign/machinery/fastpath/rows.py) and the per-token layers that run on it
+(machinery/fastpath/fast_rows.py): the references' outputs and gradients on ragged row counts,
 the same bits on 1, 2 or 3 threads, and no float64 scalar or array inside a float32 step."""
 import ast
 import inspect
@@ -12,12 +12,12 @@ from gradcheck import check_layer, rel_err
 
 from minialign import layers, model
 from minialign.data import Batch
-from minialign.machinery import fast, fast_rows, machine, rows
-from minialign.machinery.fast_rows import (embedding_backward_rows,
-                                           embedding_forward_rows, gelu_backward_fast,
-                                           gelu_forward_fast, layernorm_backward_rows,
-                                           layernorm_forward_rows, linear_backward_rows,
-                                           linear_forward_rows)
+from minialign.machinery.fastpath import fast, fast_rows, rows
+from minialign.machinery.run import machine
+from minialign.machinery.fastpath.fast_rows import (embedding_backward_rows, embedding_forward_rows,
+                                                    gelu_backward_fast, gelu_forward_fast,
+                                                    layernorm_backward_rows, layernorm_forward_rows,
+                                                    linear_backward_rows, linear_forward_rows)
 from minialign.model import ModelConfig, encode, encode_backward, init_params
 from minialign.train import TrainConfig, train_step
 from minialign.optim import adam_init

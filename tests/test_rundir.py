@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minialign.machinery import cli, synthetic
+from minialign.machinery import cli
+from minialign.machinery.images import synthetic
 from minialign.__main__ import main
 
 TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--batch-photos", "8",

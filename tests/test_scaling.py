@@ -12,14 +12,18 @@ import numpy as np
 import pytest
 
 from minialign import train
-from minialign.machinery import baselines, cli, replicate, scaling_report, scaling_run, synthetic
-from minialign.machinery.embeddings import load_embeddings
-from minialign.machinery.jobs import makespan
-from minialign.machinery.rundir import is_finished
-from minialign.machinery.protocol import (Protocol, SizedConfig, load_protocol, planned_runs,
-                                          run_config, run_name, save_protocol)
-from minialign.machinery.scaling import (DEPTHS, WIDTHS, count_params, gap_trend, signed,
-                                         size_config, sweep_sizes, trend_sentence)
+from minialign.machinery.experiment import baselines, scaling_report
+from minialign.machinery import cli
+from minialign.machinery.grid import replicate, scaling_run
+from minialign.machinery.images import synthetic
+from minialign.machinery.images.embeddings import load_embeddings
+from minialign.machinery.grid.jobs import makespan
+from minialign.machinery.run.rundir import is_finished
+from minialign.machinery.experiment.protocol import (Protocol, SizedConfig, load_protocol,
+                                                     planned_runs, run_config, run_name,
+                                                     save_protocol)
+from minialign.machinery.experiment.scaling import (DEPTHS, WIDTHS, count_params, gap_trend, signed,
+                                                    size_config, sweep_sizes, trend_sentence)
 from minialign.model import init_params, param_count
 
 

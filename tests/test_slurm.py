@@ -1,4 +1,4 @@
-"""machinery/slurm.py and slurm_runs.py: the job-array script and its manifest, the runs a
+"""machinery/grid/slurm.py and slurm_runs.py: the job-array script and its manifest, the runs a
 grid hands to Slurm (each task's command rebuilds the run's config exactly; a rerun lists only
 what is missing), the input checks before anything is written, and (where a Slurm controller
 runs here: scripts/slurm-single-node.sh start) a tiny replicate grid submitted as an array
@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from minialign import train
-from minialign.machinery import cli, slurm, slurm_runs, synthetic
-from minialign.machinery.flags import TRAIN_FLAGS
-from minialign.machinery.protocol import Protocol, run_name
+from minialign.machinery import cli
+from minialign.machinery.grid import slurm, slurm_runs
+from minialign.machinery.images import synthetic
+from minialign.machinery.run.flags import TRAIN_FLAGS
+from minialign.machinery.experiment.protocol import Protocol, run_name
 from minialign.model import ModelConfig
 from test_jobs import numbers  # results.json less wall times, folder, machine
 

@@ -1,9 +1,9 @@
-"""machinery/speed.py: steps to a target, to 50% / 90% of the final value, area under the curve,
+"""machinery/experiment/speed.py: steps to a target, to 50% / 90% of the final value, area under the curve,
 on curves small enough to check by hand."""
 import pytest
 
-from minialign.machinery.speed import (curve_auc, first_step_reaching, mean_std, speed_numbers,
-                                       speed_summary)
+from minialign.machinery.experiment.speed import (curve_auc, first_step_reaching, mean_std,
+                                                  speed_numbers, speed_summary)
 
 STEPS = [100, 200, 300, 400]
 VALUES = [0.05, 0.20, 0.30, 0.32]

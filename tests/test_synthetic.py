@@ -7,10 +7,10 @@ import re
 import numpy as np
 import pytest
 
-from minialign.machinery.synthetic import (CAPTIONS_NAME, COLOURS, D_IMG, EMBEDDINGS_NAME, KINDS,
-                                 N_FACTORS, POSITIONS, SETTINGS, SIZES, embed_scenes,
-                                 make_world, sample_scene, scene_captions, scene_factors,
-                                 write_world)
+from minialign.machinery.images.synthetic import (CAPTIONS_NAME, COLOURS, D_IMG, EMBEDDINGS_NAME,
+                                                  KINDS, N_FACTORS, POSITIONS, SETTINGS, SIZES,
+                                                  embed_scenes, make_world, sample_scene,
+                                                  scene_captions, scene_factors, write_world)
 
 N_SMALL = 300  # scenes in the file tests: enough structure, well under a second
 
@@ -179,8 +179,8 @@ def test_default_world_size():
 
 def test_files_load_with_the_real_loaders(tmp_path):
     """The synthetic files pass the same readers as COCO + DINOv2 files."""
-    from minialign.machinery.monitor import load_coco_captions
-    from minialign.machinery.embeddings import join_on_ids, load_embeddings
+    from minialign.machinery.run.monitor import load_coco_captions
+    from minialign.machinery.images.embeddings import join_on_ids, load_embeddings
     captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=0)
     captions = load_coco_captions(captions_path)
     emb = load_embeddings(embeddings_path)
@@ -192,7 +192,7 @@ def test_files_load_with_the_real_loaders(tmp_path):
 
 def test_world_ceiling_scores_the_evaluations_test_split():
     from minialign.data import split_photos
-    from minialign.machinery.synthetic import world_ceiling
+    from minialign.machinery.images.synthetic import world_ceiling
     from minialign.metrics import mutual_knn
     world = make_world(N_SMALL, np.random.default_rng(7), d_img=64, world="v1")
     ids, factors, img = world["image_ids"], world["factors"], world["embeddings"]
@@ -213,7 +213,7 @@ def test_world_ceiling_scores_the_evaluations_test_split():
 
 
 def test_world_ceiling_of_files_matches_the_world(tmp_path):
-    from minialign.machinery.synthetic import world_ceiling, world_ceiling_of_files
+    from minialign.machinery.images.synthetic import world_ceiling, world_ceiling_of_files
     captions_path, embeddings_path = write_world(tmp_path, n_scenes=N_SMALL, seed=3)
     rng_world, _ = (np.random.default_rng(s) for s in np.random.SeedSequence(3).spawn(2))
     world = make_world(N_SMALL, rng_world)  # write_world's own stream
@@ -231,7 +231,7 @@ def test_world_ceiling_of_files_matches_the_world(tmp_path):
 def unbound_bag(factors):
     """Setting one-hot, kinds present, and attribute-value counts summed over the objects:
     what a bag of a caption's content words can say, without which object has which value."""
-    from minialign.machinery.synthetic import KIND_BLOCK
+    from minialign.machinery.images.synthetic import KIND_BLOCK
     ns = len(SETTINGS)
     blocks = factors[:, ns:].reshape(len(factors), len(KINDS), KIND_BLOCK)    # (N, 12, 20)
     return np.concatenate([factors[:, :ns], blocks[:, :, 0],
@@ -239,7 +239,7 @@ def unbound_bag(factors):
 
 
 def test_image_model_shares_part_of_each_attribute_across_kinds():
-    from minialign.machinery.synthetic import ATTR_SHARED, KIND_BLOCK, W1_STD, image_model
+    from minialign.machinery.images.synthetic import ATTR_SHARED, KIND_BLOCK, W1_STD, image_model
     old = np.random.default_rng(20240601).standard_normal((N_FACTORS, 512)) * W1_STD
     assert np.array_equal(image_model(attr_shared=0.0, world="v1")["w1"], old)  # the world before #12
     w1 = image_model(world="v1")["w1"]                                               # (F, HIDDEN)
@@ -259,7 +259,7 @@ def test_shared_attributes_make_image_neighbourhoods_follow_what_captions_say():
     """At attr_shared = 0 the image neighbourhoods hinge on kind-attribute conjunctions; with
     the shared part, a bag of the captions' content (no binding) aligns far better, while the
     bound factors still align best (measured on the 2000-scene world: 0.17 -> 0.36)."""
-    from minialign.machinery.synthetic import ATTR_SHARED, image_model
+    from minialign.machinery.images.synthetic import ATTR_SHARED, image_model
     from minialign.metrics import mutual_knn
     world = make_world(1000, np.random.default_rng(9), d_img=8, world="v1")
     factors = world["factors"][:300]                                          # (300, F)
@@ -278,8 +278,8 @@ def test_default_world_is_within_cocos_caption_statistics_bands(tmp_path):
     caption_stats: against the real COCO val2017 captions beside the checkout when present,
     else against the values recorded from them (COCO_VAL2017)."""
     from conftest import REAL_CAPTIONS
-    from minialign.machinery import caption_stats
-    from minialign.machinery.synthetic_v2 import CALIBRATED
+    from minialign.machinery.images import caption_stats
+    from minialign.machinery.images.synthetic_v2 import CALIBRATED
     captions, _ = write_world(tmp_path, n_scenes=2000, seed=0)
     stats = caption_stats.statistics_of_file(captions)
     coco = (caption_stats.statistics_of_file(REAL_CAPTIONS) if REAL_CAPTIONS.exists()
@@ -291,14 +291,14 @@ def test_default_world_is_within_cocos_caption_statistics_bands(tmp_path):
 
 
 def test_recorded_coco_statistics_are_measured(real_captions_path):
-    from minialign.machinery import caption_stats
+    from minialign.machinery.images import caption_stats
     measured = caption_stats.statistics_of_file(real_captions_path)
     for key, recorded in caption_stats.COCO_VAL2017.items():
         assert abs(measured[key] - recorded) < 5e-4, (key, measured[key])
 
 
 def test_content_words_and_statistics_by_hand():
-    from minialign.machinery.caption_stats import caption_statistics, content_words
+    from minialign.machinery.images.caption_stats import caption_statistics, content_words
     assert content_words("A dog is sitting on the beach.") == ["dog", "sitting", "beach"]
     photos = [["a red dog", "a dog on grass"], ["two cats", "cats asleep"]]
     stats = caption_statistics(photos)
@@ -313,7 +313,7 @@ def test_content_words_and_statistics_by_hand():
 def test_v2_captions_are_partial_views_of_the_whole_scene():
     """Each v2 caption names a subset of its scene (the most salient object most often); the
     factors, and so the image, hold every object, mentioned or not."""
-    from minialign.machinery import synthetic_v2 as v2
+    from minialign.machinery.images import synthetic_v2 as v2
     world = make_world(300, np.random.default_rng(11), d_img=8)                # v2: default
     named_first = named_all = total = 0
     for scene, captions in zip(world["scenes"], world["captions"]):
@@ -332,7 +332,7 @@ def test_v2_captions_are_partial_views_of_the_whole_scene():
 
 
 def test_world_version_is_recorded_and_read_back(tmp_path):
-    from minialign.machinery.synthetic import world_of
+    from minialign.machinery.images.synthetic import world_of
     for world in ("v1", "v2"):
         captions, embeddings = write_world(tmp_path / world, n_scenes=20, seed=0, world=world)
         coco = json.loads(open(captions).read())
@@ -348,7 +348,8 @@ def test_synthetic_stats_command(tmp_path, capsys):
     """`synthetic --stats` prints the world's four statistics beside COCO's (recorded, or
     measured from --compare) and whether they are within the bands; without --out it writes
     nothing."""
-    from minialign.machinery import caption_stats, cli
+    from minialign.machinery.images import caption_stats
+    from minialign.machinery import cli
     assert cli.main(["synthetic", "--stats", "--n-scenes", "300"]) == 0
     out = capsys.readouterr().out
     assert "| statistic | COCO val2017 (recorded) | world v2, 300 scenes, seed 0 |" in out

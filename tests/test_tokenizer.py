@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from minialign.machinery.monitor import has_word
-from minialign.machinery.rundir import tokenizer_from_arrays, tokenizer_to_arrays
+from minialign.machinery.run.monitor import has_word
+from minialign.machinery.run.rundir import tokenizer_from_arrays, tokenizer_to_arrays
 from minialign.tokenizer import (BOS, EOS, MASK, MAX_LEN, PAD, SPECIALS, UNK, Tokenizer,
-                                build_tokenizer, clean_caption, pad_batch, split_words)
+                                 build_tokenizer, clean_caption, pad_batch, split_words)
 
 CORPUS = ["a dog runs.", "a cat, a dog.", "the dog's ball"]
 # counts: a 3; "." 2, dog 2; ",", ball, cat, dog's, runs, the 1 ("," < "." < letters in ASCII)

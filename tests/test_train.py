@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from minialign.model import ModelConfig
-from minialign.machinery.synthetic import write_world
-from minialign.machinery.encoder import embed_captions, load_model
+from minialign.machinery.images.synthetic import write_world
+from minialign.machinery.run.encoder import embed_captions, load_model
 from minialign.train import TrainConfig, train
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_len=64)
@@ -97,9 +97,9 @@ def few_captions_world(tmp_path_factory):
 
 
 def test_photos_with_two_or_three_captions_train_to_the_end(few_captions_world, tmp_path):
-    from minialign.machinery.monitor import load_coco_captions
-    from minialign.machinery.embeddings import load_embeddings
-    from minialign.machinery.evaluate import evaluate_run, load_caption_slots
+    from minialign.machinery.run.monitor import load_coco_captions
+    from minialign.machinery.images.embeddings import load_embeddings
+    from minialign.machinery.images.evaluate import evaluate_run, load_caption_slots
     path, embeddings = few_captions_world
     caps = load_coco_captions(path)
     assert caps.stats["max_captions_per_photo"] == 3
@@ -153,7 +153,7 @@ def test_embed_captions_cleans_raw_text_like_training(few_captions_world, tmp_pa
 
 
 def test_prepare_split_error_names_the_file(tmp_path):
-    from minialign.machinery.monitor import prepare
+    from minialign.machinery.run.monitor import prepare
     path = tmp_path / "eleven.json"
     path.write_text(json.dumps({"annotations": [
         {"id": 2 * p + k, "image_id": p, "caption": f"photo {p} caption {k}"}
@@ -176,7 +176,7 @@ def flatten_saved_config(run):
     """Rewrite run/config.json the way minialign wrote it before #10: the objectives' settings
     (mask_rate, the VICReg weights, anticollapse_weight) at the top of "config"."""
     saved = json.loads((run / "config.json").read_text())
-    from minialign.machinery.rundir import FLAT_LOSS_KEYS
+    from minialign.machinery.run.rundir import FLAT_LOSS_KEYS
     saved["config"] = {**{k: v for k, v in saved["config"].items() if k != "loss"},
                        **{k: saved["config"]["loss"][k] for k in FLAT_LOSS_KEYS}}
     (run / "config.json").write_text(json.dumps(saved))
@@ -184,9 +184,9 @@ def flatten_saved_config(run):
 
 
 def test_upgrade_config_moves_the_flat_keys_into_loss():
-    from minialign.machinery.rundir import upgrade_config
+    from minialign.machinery.run.rundir import upgrade_config
     now = json.loads(json.dumps(dataclasses.asdict(TrainConfig(loss={"mask_rate": 0.5}))))
-    from minialign.machinery.rundir import FLAT_LOSS_KEYS
+    from minialign.machinery.run.rundir import FLAT_LOSS_KEYS
     flat = {**{k: v for k, v in now.items() if k != "loss"},
             **{k: now["loss"][k] for k in FLAT_LOSS_KEYS}}
     assert "loss" not in flat and flat["mask_rate"] == 0.5
@@ -198,9 +198,9 @@ def test_upgrade_config_moves_the_flat_keys_into_loss():
 
 
 def test_a_run_with_a_flat_config_still_resumes_and_loads(world, tmp_path):
-    from minialign.machinery.protocol import Protocol
-    from minialign.machinery.checkpoint import config_differences
-    from minialign.machinery.rundir import read_run_config
+    from minialign.machinery.experiment.protocol import Protocol
+    from minialign.machinery.run.checkpoint import config_differences
+    from minialign.machinery.run.rundir import read_run_config
     cfg = TrainConfig(objective="bad_views", captions=str(world), steps=4, batch_photos=16,
                       warmup_steps=1, eval_every=2, model=SMALL, loss={"mask_rate": 0.3})
     train(cfg, tmp_path / "whole", progress=False)
@@ -227,7 +227,7 @@ def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):
     from minialign.model import init_params
     from minialign.objectives import OBJECTIVES
     from minialign.optim import adam_init, adam_step, clip_grad_norm
-    from minialign.machinery.monitor import prepare
+    from minialign.machinery.run.monitor import prepare
     from minialign.train import train_step
     cfg = TrainConfig(objective="bad_views", captions=str(world), batch_photos=16, model=SMALL)
     data = prepare(cfg)
@@ -253,7 +253,7 @@ def test_train_step_is_objective_clip_adamw_and_skips_a_diverged_step(world):
 
 def test_upgrade_config_fills_the_loss_fields_added_since_with_today_defaults():
     """rundir cannot import objectives (it sits below): its copy of the defaults must agree."""
-    from minialign.machinery.rundir import ADDED_LOSS_DEFAULTS
+    from minialign.machinery.run.rundir import ADDED_LOSS_DEFAULTS
     from minialign.objectives import ObjectiveConfig
     defaults = dataclasses.asdict(ObjectiveConfig())
     assert {k: defaults[k] for k in ADDED_LOSS_DEFAULTS} == ADDED_LOSS_DEFAULTS
@@ -263,7 +263,7 @@ def test_plain_progress_prints_a_line_a_minute_when_steps_are_slow(monkeypatch, 
     """Without a terminal, a line every PLAIN_LOG_EVERY steps, at the first step, and at least
     once every PLAIN_LOG_SECONDS: slow steps (61 s each, a fake clock) print every step; fast
     ones (1 s) only at the first and the 50th."""
-    from minialign.machinery import monitor
+    from minialign.machinery.run import monitor
     cfg = TrainConfig(objective="good_views", steps=100)
     for seconds, expected in ((61.0, [1, 2, 3, 4]), (1.0, [1, 50])):
         clock = iter(np.arange(0.0, 1000 * seconds, seconds))

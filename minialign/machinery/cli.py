@@ -17,15 +17,18 @@ from pathlib import Path
 
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
-from . import (bench, caption_stats, coco, compare, evaluate, exercises, export, grade, photos,
-               replicate, report, scaling_report, scaling_run, slurm_runs, synthetic)
-from .jobs import Terminated, sigterm_interrupts
-from .machine import available_cores, use_cores
-from .flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
-                    nonnegative_int, one_of, positive_float, positive_int)
-from .protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER, SEEDS,
-                       Protocol, holds_runs, load_protocol)
-from .rundir import Diverged
+from .timing import bench
+from .images import caption_stats, coco, evaluate, export, photos, synthetic
+from .experiment import compare, report, scaling_report
+from .course import exercises, grade
+from .grid import replicate, scaling_run, slurm_runs
+from .grid.jobs import Terminated, sigterm_interrupts
+from .run.machine import available_cores, use_cores
+from .run.flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
+                        nonnegative_int, one_of, positive_float, positive_int)
+from .experiment.protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER,
+                                  SEEDS, Protocol, holds_runs, load_protocol)
+from .run.rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 EXIT_NOT_PASSED = 1  # `grade`: some exercise did not pass (the table says which)
