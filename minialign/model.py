@@ -125,30 +125,30 @@ def encode(params, tokens, cfg, causal=False):
     Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""
-    L = layer_set(cfg)                                                    # layers.py or fast.py
+    ops = layer_set(cfg)                                                  # layers.py or fast.py
     B, T = tokens.shape
     assert T <= cfg.max_len, f"sequence length {T} > max_len {cfg.max_len}"
-    rows = L.token_rows(tokens != PAD, causal, params["tok_emb"].dtype)   # n real tokens
-    x, c_tok = L.embedding_forward(tokens.ravel()[rows.flat], params["tok_emb"])  # (n, D)
-    p, c_pos = L.embedding_forward(rows.pos, params["pos_emb"])           # (n, D) positions
+    rows = ops.token_rows(tokens != PAD, causal, params["tok_emb"].dtype) # n real tokens
+    x, c_tok = ops.embedding_forward(tokens.ravel()[rows.flat], params["tok_emb"])  # (n, D)
+    p, c_pos = ops.embedding_forward(rows.pos, params["pos_emb"])         # (n, D) positions
     h = x + p                                                             # (n, D) residual stream
     blocks = []
     for i in range(cfg.n_layers):
         (ln1_gamma, ln1_beta, w_qkv, b_qkv, w_o, b_o,
          ln2_gamma, ln2_beta, w_in, b_in, w_out, b_out) = (params[k] for k in block_keys(i))
-        a, c_ln1 = L.layernorm_forward(h, ln1_gamma, ln1_beta)            # (n, D)
-        a, c_att = L.attention_forward(a, w_qkv, b_qkv, w_o, b_o, rows, cfg.n_heads)  # (n, D)
+        a, c_ln1 = ops.layernorm_forward(h, ln1_gamma, ln1_beta)          # (n, D)
+        a, c_att = ops.attention_forward(a, w_qkv, b_qkv, w_o, b_o, rows, cfg.n_heads)  # (n, D)
         h = h + a                                                         # (n, D) residual
-        m, c_ln2 = L.layernorm_forward(h, ln2_gamma, ln2_beta)            # (n, D)
-        m, c_in = L.linear_forward(m, w_in, b_in)                         # (n, F)
-        m, c_gelu = L.gelu_forward(m)                                     # (n, F)
-        m, c_out = L.linear_forward(m, w_out, b_out)                      # (n, D)
+        m, c_ln2 = ops.layernorm_forward(h, ln2_gamma, ln2_beta)          # (n, D)
+        m, c_in = ops.linear_forward(m, w_in, b_in)                       # (n, F)
+        m, c_gelu = ops.gelu_forward(m)                                   # (n, F)
+        m, c_out = ops.linear_forward(m, w_out, b_out)                    # (n, D)
         h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
-    hf, c_lnf = L.layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
-    z, c_pool = L.pool_forward(hf, rows)                                  # (B, D)
+    hf, c_lnf = ops.layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
+    z, c_pool = ops.pool_forward(hf, rows)                                # (B, D)
     # hf in the order of tokens[tokens != PAD], the order next-token targets use
-    return z, hf[rows.caption_rows], (L, rows, c_tok, c_pos, blocks, c_lnf, c_pool)
+    return z, hf[rows.caption_rows], (ops, rows, c_tok, c_pos, blocks, c_lnf, c_pool)
 
 
 def encode_backward(dz, dhf, cache):
@@ -159,26 +159,26 @@ def encode_backward(dz, dhf, cache):
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
     Returns {name: gradient}, the keys of params, in the order computed: clip_grad_norm sums
     grads.values() in that order, part of the rounding tests/test_reference.py pins."""
-    L, rows, c_tok, c_pos, blocks, c_lnf, c_pool = cache
+    ops, rows, c_tok, c_pos, blocks, c_lnf, c_pool = cache
     grads = {}
-    dhf_rows = L.pool_backward(dz, c_pool)                                # z = pool(hf, rows)
+    dhf_rows = ops.pool_backward(dz, c_pool)                              # z = pool(hf, rows)
     if dhf is not None:                                                   # hf fed pool and head:
         dhf_rows[rows.caption_rows] += dhf                                # hf[rows.caption_rows]
-    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = L.layernorm_backward(dhf_rows, c_lnf)  # ln_f(h)
+    dh, grads["ln_f.gamma"], grads["ln_f.beta"] = ops.layernorm_backward(dhf_rows, c_lnf)  # ln_f(h)
     for i in reversed(range(len(blocks))):
         c_ln1, c_att, c_ln2, c_in, c_gelu, c_out = blocks[i]
         g = {}                                                            # block i's gradients
-        dm, g["mlp.w_out"], g["mlp.b_out"] = L.linear_backward(dh, c_out)  # m = linear(m, w_out)
-        dm = L.gelu_backward(dm, c_gelu)                                  # m = gelu(m)
-        dm, g["mlp.w_in"], g["mlp.b_in"] = L.linear_backward(dm, c_in)    # m = linear(m, w_in)
-        dm, g["ln2.gamma"], g["ln2.beta"] = L.layernorm_backward(dm, c_ln2)  # m = ln2(h)
+        dm, g["mlp.w_out"], g["mlp.b_out"] = ops.linear_backward(dh, c_out)  # m = linear(m, w_out)
+        dm = ops.gelu_backward(dm, c_gelu)                                # m = gelu(m)
+        dm, g["mlp.w_in"], g["mlp.b_in"] = ops.linear_backward(dm, c_in)  # m = linear(m, w_in)
+        dm, g["ln2.gamma"], g["ln2.beta"] = ops.layernorm_backward(dm, c_ln2)  # m = ln2(h)
         dh = dh + dm                                                      # h = h + m: dh to both
         da, g["attn.w_qkv"], g["attn.b_qkv"], g["attn.w_o"], g["attn.b_o"] = \
-            L.attention_backward(dh, c_att)                               # a = attention(a)
-        da, g["ln1.gamma"], g["ln1.beta"] = L.layernorm_backward(da, c_ln1)  # a = ln1(h)
+            ops.attention_backward(dh, c_att)                             # a = attention(a)
+        da, g["ln1.gamma"], g["ln1.beta"] = ops.layernorm_backward(da, c_ln1)  # a = ln1(h)
         dh = dh + da                                                      # h = h + a: dh to both
         grads.update({f"blocks.{i}.{name}": d for name, d in g.items()})
     # h = x + p: dh reaches both embeddings
-    grads["pos_emb"] = L.embedding_backward(dh, c_pos)                    # p = pos_emb[positions]
-    grads["tok_emb"] = L.embedding_backward(dh, c_tok)                    # x = tok_emb[tokens]
+    grads["pos_emb"] = ops.embedding_backward(dh, c_pos)                  # p = pos_emb[positions]
+    grads["tok_emb"] = ops.embedding_backward(dh, c_tok)                  # x = tok_emb[tokens]
     return grads

@@ -102,10 +102,10 @@ def next_token(params, batch, cfg, rng):
     loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng,  # <- no invariance,
                                           sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
-    L = layer_set(cfg.model)                                              # <- encode's layer set
-    logits, c_head = L.lm_head_forward(hf[has_target], params["tok_emb"])  # <- (n_t, V) tied
-    ce_loss, dlogits, ce_stats = L.cross_entropy(logits, targets[has_target])  # <- (n_t, V)
-    dh_real, dtok_emb = L.lm_head_backward(dlogits, c_head)               # <- (n_t, D), (V, D)
+    ops = layer_set(cfg.model)                                            # <- encode's layer set
+    logits, c_head = ops.lm_head_forward(hf[has_target], params["tok_emb"])  # <- (n_t, V) tied
+    ce_loss, dlogits, ce_stats = ops.cross_entropy(logits, targets[has_target])  # <- (n_t, V)
+    dh_real, dtok_emb = ops.lm_head_backward(dlogits, c_head)             # <- (n_t, D), (V, D)
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
     dhf[has_target] = dh_real                                             # <- no gradient
     grads = encode_backward(np.concatenate([dz_a, dz_b]), dhf, cache)  # <-

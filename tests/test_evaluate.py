@@ -403,7 +403,10 @@ def test_the_revision_of_the_embeddings_is_printed_and_stored(world, tmp_path, c
     emb = load_embeddings(world["embeddings"])
     pinned = tmp_path / "pinned.npz"
     save_embeddings(pinned, emb.image_ids, emb.embeddings, {**emb.meta, "revision": "abc123"})
-    for path, said in ((world["embeddings"], f"{emb.meta['model']} (revision not recorded)"),
+    unpinned = tmp_path / "unpinned.npz"                # another tool's file: no revision
+    save_embeddings(unpinned, emb.image_ids, emb.embeddings, {**emb.meta, "model": "dinov2"})
+    for path, said in ((world["embeddings"], emb.meta["model"]),  # a synthetic world: no weights
+                       (unpinned, "dinov2 (revision not recorded)"),
                        (pinned, f"{emb.meta['model']} at revision abc123")):
         cli("--run", run, "--embeddings", path)
         assert f"image embeddings {path} ({said}, sha256 " in capsys.readouterr().out

@@ -183,8 +183,11 @@ def load_embeddings(path):
 def model_label(model, revision):
     """The model and the revision of its weights, for a log line or results.md:
     "facebook/dinov2-base at revision f9e44c8...415" (in full), or "... (revision not
-    recorded)" for a file exported without one (another tool's, or an older export)."""
-    return f"{model} at revision {revision}" if revision else f"{model} ({NO_REVISION})"
+    recorded)" for a file exported without one (another tool's, or an older export); a
+    synthetic world's file, which no weights made, is named alone."""
+    if revision:
+        return f"{model} at revision {revision}"
+    return model if str(model).startswith("synthetic") else f"{model} ({NO_REVISION})"
 
 
 def join_on_ids(caption_image_ids, emb):
