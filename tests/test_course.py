@@ -203,9 +203,11 @@ def test_each_exercises_tests_reach_its_body_and_only_its_needs(tmp_path):
     stub) and no other marked body but those of N's declared needs (so it passes with only
     those solved); and each declared need is really reached."""
     out = tmp_path / "reached.json"
+    # tests/ on PYTHONPATH: pytest < 7.1 imports -p plugins before the ini's pythonpath applies
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "reached",
                              "--reached-out", str(out), "tests/test_exercises.py"], cwd=ROOT,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout[-2000:]
     tests = json.loads(out.read_text())
     markers = registered_markers()
