@@ -305,8 +305,9 @@ def test_real_file_tokenizer(coco):
 
 # ---------------------------------------------------------------- captions as people save them
 SAVED = {"images": [{"id": 7}, {"id": 9}], "annotations": [
-    ann(1, 7, "A Caf\u00e9 with cr\u00e8me br\u00fbl\u00e9e"), ann(2, 7, "na\u00efve  Zo\u00eb\u2019s cat "),
-    ann(3, 9, "Two\tdogs on a jalape\u00f1o"), ann(4, 9, "a dog.\r\n"), ann(5, 9, "\u00c5ngstr\u00f6m")]}
+    ann(1, 7, "A Caf\u00e9 with cr\u00e8me br\u00fbl\u00e9e"),
+    ann(2, 7, "na\u00efve  Zo\u00eb\u2019s cat "), ann(3, 9, "Two\tdogs on a jalape\u00f1o"),
+    ann(4, 9, "a dog.\r\n"), ann(5, 9, "\u00c5ngstr\u00f6m")]}
 PRETTY = json.dumps(SAVED, ensure_ascii=False, indent=2)
 EDITORS = {                            # how editors and tools on Windows and macOS save it
     "UTF-8, no escapes": PRETTY.encode(),

@@ -105,7 +105,8 @@ def dead_pid():
 
 
 STARTED = "started 2026-01-01 00:00:00: python -m minialign train"
-SAFE = "; if no minialign process runs on this directory, it is safe to delete that file, then rerun"
+SAFE = ("; if no minialign process runs on this directory, it is safe to delete that file, "
+        "then rerun")
 
 
 @pytest.mark.skipif(os.name == "nt", reason="pid liveness is not checked on Windows")

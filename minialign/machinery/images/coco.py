@@ -17,8 +17,9 @@ temporary name, then a rename), so Ctrl-C at any point and a rerun lose nothing.
 What is trusted: the zip is checked whole (size, then sha256, against the published values)
 before anything is extracted, so both captions files are the official ones; every download is
 HTTPS at every hop (a plain http:// URL or a redirect to one only with --allow-http, and the
-zip's checksum is checked either way); each photo must decode, under Pillow's decompression-bomb guard, to the width x height
-that the checked captions file gives it (photos.py).
+zip's checksum is checked either way); each photo must decode, under Pillow's
+decompression-bomb guard, to the width x height that the checked captions file gives it
+(photos.py).
 """
 import json
 import os

@@ -160,7 +160,8 @@ class DirLock:
     LOCK_FILE itself is the lock (created with O_EXCL, removed on release) and one that no
     other process holds is taken over (pidfile_verdict: its process gone from this host, its
     pid reused, or this very process). The file records the holder (pid, host, command, start
-    time; for the pidfile, its start in clock ticks where /proc tells) for the refusal message. Raises DirLockedError naming the directory and the process that holds it.
+    time; for the pidfile, its start in clock ticks where /proc tells) for the refusal message.
+    Raises DirLockedError naming the directory and the process that holds it.
     backend: lock_backend()'s name, None for this platform's (tests pick another)."""
 
     def __init__(self, directory, backend=None):
@@ -184,8 +185,8 @@ class DirLock:
                                   f"rerun (its lock file: {self.path})")
         return DirLockedError(errno.EBUSY, f"{self.directory}: locked by {self.path}"
                               f"{f' ({holder})' if holder else ''}, but {why}; if no minialign "
-                              f"process runs on this directory, it is safe to delete that file, then "
-                              f"rerun")
+                              f"process runs on this directory, it is safe to delete that file, "
+                              f"then rerun")
 
     def open_pidfile(self):
         """The pidfile backend: LOCK_FILE created exclusively, after removing a stale one."""
