@@ -349,7 +349,7 @@ def test_a_latin1_captions_file_is_refused_in_one_line(tmp_path):
                                    f"{offset} is not UTF-8 (saved as Latin-1 / cp1252 / 'ANSI'? "
                                    f"save it as UTF-8)")
     path.write_bytes(b"\xff\xfe" + PRETTY.encode("utf-16-le")[:-1])   # cut mid-character
-    assert_error(path, ValueError, "is not UTF-16")
+    assert_error(path, ValueError, "is not UTF-16 (cut short or damaged?)")
 
 
 def test_a_run_trains_alike_on_captions_saved_by_notepad_or_macos(tmp_path, capsys):

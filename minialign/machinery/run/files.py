@@ -144,9 +144,11 @@ def json_text(path, data, kind="JSON file"):
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as err:
+        name = encoding.upper().replace("-SIG", "")
+        hint = ("saved as Latin-1 / cp1252 / 'ANSI'? save it as UTF-8" if name == "UTF-8" else
+                "cut short or damaged?")
         raise ValueError(f"{path}: not a {kind}: byte 0x{data[err.start]:02x} at offset "
-                         f"{err.start} is not {encoding.upper().replace('-SIG', '')} (saved as "
-                         f"Latin-1 / cp1252 / 'ANSI'? save it as UTF-8)") from None
+                         f"{err.start} is not {name} ({hint})") from None
 
 
 def read_json(path, kind="JSON file"):
