@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,17 @@ def test_the_backend_is_chosen_by_what_the_platform_has(monkeypatch):
     assert DirLock("x").backend == "pidfile"
 
 
+def started(args):
+    """A process of `args`, once its command line is readable (/proc: empty just after the
+    fork), or at once where there is no /proc."""
+    process = subprocess.Popen(args)
+    for _ in range(500):
+        if not os.path.isdir("/proc") or dirlock.process_command(process.pid):
+            break
+        time.sleep(0.01)
+    return process
+
+
 def dead_pid():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
@@ -119,7 +131,7 @@ SAFE = ("; if no minialign process runs on this directory, it is safe to delete 
      "); wait for it to finish or stop it, then rerun (its lock file: {lock})"),
     ("pid {alive} on {host}, " + STARTED,                           # no start time to compare
      "{dir}: locked by {lock} (pid {alive} on {host}, " + STARTED + "), but pid {alive} is "
-     "alive and cannot be verified as the minialign process that wrote it (no start time "
+     "alive{running} and cannot be verified as the minialign process that wrote it (no start time "
      "recorded)" + SAFE),
     ("pid {dead} on another-host, " + STARTED,
      "{dir}: locked by {lock} (pid {dead} on another-host, " + STARTED + "), but its process "
@@ -132,13 +144,16 @@ def test_a_pid_file_is_taken_over_only_when_no_other_process_can_hold_it(line, r
     """Taken over: a pid gone from this host, this very process, a live pid that started at
     another time than recorded (reused). Refused, naming the lock file: a verified holder;
     and, saying that deleting it is safe when no minialign runs, one that cannot be checked."""
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = started([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         ticks = dirlock.process_start(alive.pid)
         if ticks is None and "process start ticks" in line:
             pytest.skip("no /proc/<pid>/stat here: a process's start time is not known")
+        command = dirlock.process_command(alive.pid)                 # None without /proc
+        running = f" (running `{command}`)" if command else ""
         names = dict(dead=dead_pid(), me=os.getpid(), alive=alive.pid, ticks=ticks,
-                     host=socket.gethostname(), dir=tmp_path, lock=tmp_path / LOCK_FILE)
+                     running=running, host=socket.gethostname(), dir=tmp_path,
+                     lock=tmp_path / LOCK_FILE)
         (tmp_path / LOCK_FILE).write_text(line.format(**names))
         lock = DirLock(tmp_path, backend="pidfile")
         if refusal is None:

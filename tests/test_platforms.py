@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import POSIX_SIGNALS
+from test_dirlock import started
 from minialign.machinery.timing import bench
 from minialign.machinery import cli
 from minialign.machinery.run import dirlock, machine
@@ -154,14 +155,17 @@ def test_a_pid_file_that_cannot_be_verified_says_it_is_safe_to_delete(hidden, wo
     when no minialign runs there, nothing written; a .lock naming a live pid with another start
     time (a reused pid) is taken over and the run trains."""
     out, lock = tmp_path / "run", tmp_path / "run" / dirlock.LOCK_FILE
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = started([sys.executable, "-c", "import time; time.sleep(60)"])
     safe = ("if no minialign process runs on this directory, it is safe to delete that file, "
             "then rerun")
+    command = dirlock.process_command(other.pid)                      # None without /proc
+    running = f" (running `{command}`)" if command else ""
     try:
         for text, why in [("", "it is empty (a process killed while it started, or one "
                                 "starting now)"),
                           (f"pid {other.pid} on {socket.gethostname()}, started x: sleep",
-                           f"pid {other.pid} is alive and cannot be verified as the minialign "
+                           f"pid {other.pid} is alive{running} and cannot be verified as the "
+                           f"minialign "
                            f"process that wrote it (no start time recorded)"),
                           ("pid 7 on elsewhere, started x: python -m minialign train",
                            "its process runs on elsewhere, which cannot be checked from here")]:

@@ -47,7 +47,7 @@ def command_line(limit=300):
     if argv and argv[0].endswith(os.path.join("minialign", "__main__.py")):
         argv = ["python -m minialign"] + argv[1:]
     line = " ".join(argv)
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return (line if len(line) <= limit else line[:limit - 3] + "...") or None
 
 
 class DirLockedError(FileError):
@@ -120,6 +120,18 @@ def process_start(pid):
     return fields[22 - 3] if len(fields) > 22 - 3 else None
 
 
+def process_command(pid, limit=80):
+    """Process `pid`'s command line as /proc/<pid>/cmdline gives it (Linux), cut to `limit`
+    characters; None where there is no /proc or no such process. Only said, never trusted:
+    a minialign run from a user's own script need not name minialign."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            line = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return (line if len(line) <= limit else line[:limit - 3] + "...") or None
+
+
 def pidfile_verdict(text):
     """What to do with an existing pid file's text: ("take", why) when no other minialign
     process can hold it (its pid is this process, or gone from this host, or alive with
@@ -140,8 +152,10 @@ def pidfile_verdict(text):
     recorded = lines[1].split()[-1] if len(lines) > 1 and lines[1].startswith(START_KEY) else None
     now = process_start(pid)
     if recorded is None or now is None:
-        return "unverified", (f"pid {pid} is alive and cannot be verified as the minialign "
-                              f"process that wrote it (no start time "
+        command = process_command(pid)
+        running = f" (running `{command}`)" if command else ""
+        return "unverified", (f"pid {pid} is alive{running} and cannot be verified as the "
+                              f"minialign process that wrote it (no start time "
                               f"{'recorded' if recorded is None else 'readable here'})")
     return ("held", "") if now == recorded else ("take", f"pid {pid} is another process now")
 
