@@ -4,7 +4,8 @@ The server's paths are test knobs: /files/NAME serves a file (with Range -> 206)
 sends half of it then closes on the first request only, /cut-always/NAME always does, /flaky/NAME
 answers 500 twice then serves, /stall-once/NAME says nothing for 0.5 s on the first request,
 /norange/NAME ignores Range (200), /html/NAME is an HTML error page with status 200,
-/other-once/NAME serves NAME.other on the first request and NAME after, anything else is 404.
+/other-once/NAME serves NAME.other on the first request and NAME after, a path in .redirects
+answers 302 with that Location, anything else is 404.
 Every request is recorded with its Range header. tests/conftest.py's `server` fixture starts
 one per test; `tls_server` one over HTTPS, with a self-signed certificate made for the test.
 """
@@ -43,6 +44,9 @@ class Handler(BaseHTTPRequestHandler):
                 server.active -= 1
 
     def answer(self, seen):
+        if self.path in self.server.redirects:
+            return self.reply(302, b"moved", "text/plain",
+                              {"Location": self.server.redirects[self.path]})
         knob, _, name = self.path.strip("/").partition("/")
         data = self.server.files.get(name)
         if knob == "other-once" and seen == 1:
@@ -86,13 +90,15 @@ class Handler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(cert=None):
     """A ThreadingHTTPServer on a free port: .files {name: bytes}, .requests [(path, Range)],
-    .max_active (most requests in flight at once), .delay (seconds before each answer).
+    .redirects {path: URL to answer 302 with}, .max_active (most requests in flight at once),
+    .delay (seconds before each answer).
     cert: (certificate file, key file) to serve HTTPS instead of HTTP."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.files, srv.requests, srv.lock = {}, [], threading.Lock()
+    srv.files, srv.requests, srv.redirects, srv.lock = {}, [], {}, threading.Lock()
     srv.active = srv.max_active = 0
     srv.delay = 0.0
     srv.url = f"http{'s' if cert else ''}://127.0.0.1:{srv.server_address[1]}"
+    srv.cert = cert[0] if cert else None              # for SSL_CERT_FILE
     if cert:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*cert)

@@ -3,6 +3,7 @@ and `python -m minialign data` end to end: on a zip built here with the download
 copy of a local file, and over HTTP against the local server of tests/localhttp.py.
 """
 import hashlib
+import io
 import json
 import shutil
 import sys
@@ -102,7 +103,7 @@ def fake_download(monkeypatch):
     calls = []
 
     def fake(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
-             timeout=60, progress=None):
+             timeout=60, progress=None, allow_http=False):
         calls.append(("download", url, dest))
         shutil.copyfile(url, dest)
         return Path(dest)
@@ -279,19 +280,25 @@ def test_photos_that_fail_to_download_are_one_line_exit_2(tmp_path, zip_of, fake
 
 
 # ---------------------------------------------------------------- over HTTP(S), end to end
-def serve_coco(server, tmp_path, monkeypatch, broken_knob="html"):
+def serve_coco(server, tmp_path, monkeypatch, broken_knob="html", on_coco_host=False):
     """Serve a 30-photo annotations zip (published here: its size and sha256 patched in) and
     small photos of the recorded sizes, each coco_url http:// on the server's port, as COCO's
-    are; one photo of the 10-photo subset answers with broken_knob. Returns its id."""
+    are; one photo of the 10-photo subset answers with broken_knob. Returns its id.
+    on_coco_host: each coco_url is COCO's own (http://images.cocodataset.org/train2017/NAME),
+    served as /files/train2017/NAME (so --images-url SERVER/files fetches them)."""
     from localhttp import jpeg_bytes
     source = made_up_coco(30, seed=5)
     broken_id = coco.choose_subset(source, 10, 0)["images"][3]["id"]
     port = server.url.rpartition(":")[2]
     for image in source["images"]:
         knob = broken_knob if image["id"] == broken_id else "files"
+        name = image["file_name"]
         image.update(width=32, height=24,
-                     coco_url=f"http://127.0.0.1:{port}/{knob}/{image['file_name']}")
-        server.files[image["file_name"]] = jpeg_bytes(32, 24, seed=image["id"])
+                     coco_url=f"http://127.0.0.1:{port}/{knob}/{name}")
+        if on_coco_host:
+            image["coco_url"], name = f"http://images.cocodataset.org/train2017/{name}", \
+                f"train2017/{name}"
+        server.files[name] = jpeg_bytes(32, 24, seed=image["id"])
     archive = tmp_path / "served.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
         zf.writestr(coco.TRAIN_CAPTIONS, json.dumps(source))
@@ -326,7 +333,8 @@ def test_data_over_http_then_a_rerun_fetches_only_what_failed(tmp_path, server, 
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0].startswith("--allow-http: plain http:// URLs are used "
-                                                   "as given (the zip is still checked")
+                                                   "as given, and redirects to them followed "
+                                                   "(the zip is still checked")
     err = captured.err.strip().splitlines()
     assert "transfer cut short" in err[1] and "\r" not in "".join(err)
     assert err[-1] == (f"minialign data: error: 1 photos could not be fetched: ids [{broken_id}] "
@@ -360,3 +368,61 @@ def test_data_over_https_rewrites_the_photos_http_urls(tmp_path, tls_server, tls
     assert "10 photos fetched, 0 already present" in capsys.readouterr().out
     assert len(list((root / "train2017").glob("*.jpg"))) == 10
     assert len(tls_server.requests) == 11                        # the zip and 10 photos
+
+
+def test_a_redirect_to_http_is_refused_unless_allowed(tmp_path, tls_server, server, monkeypatch,
+                                                      capsys):
+    """The zip's https:// URL answers 302 Location: http://...: one line naming both URLs and
+    --allow-http, exit 2, no zip or .part kept, the http:// server never asked; with
+    --allow-http the redirect is followed and said."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
+    serve_coco(tls_server, tmp_path, monkeypatch, broken_knob="files")
+    server.files[coco.ANNOTATIONS_ZIP] = tls_server.files[coco.ANNOTATIONS_ZIP]
+    url = f"{tls_server.url}/moved/{coco.ANNOTATIONS_ZIP}"
+    target = f"{server.url}/files/{coco.ANNOTATIONS_ZIP}"
+    tls_server.redirects[f"/moved/{coco.ANNOTATIONS_ZIP}"] = target
+    root = tmp_path / "coco"
+    argv = ["data", "--root", str(root), "--num-photos", "10", "--no-images",
+            "--annotations-url", url]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"minialign data: error: {url}: redirected (302) to {target}: plain HTTP refused "
+        f"(unauthenticated: the bytes can be changed on the way); pass --allow-http to follow "
+        f"it\n")
+    assert server.requests == [] and sorted(p.name for p in root.iterdir()) == [".lock"]
+    assert main(argv + ["--allow-http"]) == 0
+    assert (f"{url}: redirected (302) to {target}, plain HTTP, followed (--allow-http)"
+            in capsys.readouterr().err)
+    assert server.requests == [(f"/files/{coco.ANNOTATIONS_ZIP}", None)]
+    assert not coco.manifest_problems(root / "annotations")
+
+
+def test_a_photo_redirected_to_http_is_refused_unless_allowed(tmp_path, tls_server, server,
+                                                              monkeypatch, capsys):
+    """COCO-host photos fetched from --images-url (written without its trailing "/"): one of
+    them answers 302 Location: http://...: refused by id in one line, exit 2, the photo not
+    kept; with --allow-http followed, and the count said."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
+    serve_coco(tls_server, tmp_path, monkeypatch, on_coco_host=True)
+    subset = coco.choose_subset(json.loads(zipfile.ZipFile(io.BytesIO(tls_server.files[
+        coco.ANNOTATIONS_ZIP])).read(coco.TRAIN_CAPTIONS)), 10, 0)
+    moved = subset["images"][5]
+    name = f"train2017/{moved['file_name']}"
+    server.files[name] = tls_server.files[name]
+    url, target = f"{tls_server.url}/files/{name}", f"{server.url}/files/{name}"
+    tls_server.redirects[f"/files/{name}"] = target
+    root = tmp_path / "coco"
+    argv = ["data", "--root", str(root), "--num-photos", "10", "--images-url",
+            f"{tls_server.url}/files", "--annotations-url",
+            f"{tls_server.url}/files/{coco.ANNOTATIONS_ZIP}"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"minialign data: error: 1 photos could not be fetched: ids [{moved['id']}] ({url}: "
+        f"redirected (302) to {target}: plain HTTP refused (unauthenticated: the bytes can be "
+        f"changed on the way); pass --allow-http to follow it); rerun `make data` to retry")
+    photos = sorted(p.name for p in (root / "train2017").iterdir() if p.suffix != ".tsv")
+    assert len(photos) == 9 and moved["file_name"] not in photos and server.requests == []
+    assert main(argv + ["--allow-http"]) == 0
+    assert ("1 photos fetched, 9 already present (1 through a redirect to plain http://, "
+            "followed: --allow-http)") in capsys.readouterr().out
+    assert (root / "train2017" / moved["file_name"]).read_bytes() == server.files[name]

@@ -1,4 +1,6 @@
 import json
+import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,3 +301,92 @@ def test_real_file_tokenizer(coco):
     encoded = [tok.encode(c, MAX_LEN) for cs in coco.captions for c in cs]
     seqs, n_truncated = [ids for ids, _ in encoded], sum(cut for _, cut in encoded)
     assert n_truncated == 0 and max(len(s) for s in seqs) == 56
+
+
+# ---------------------------------------------------------------- captions as people save them
+SAVED = {"images": [{"id": 7}, {"id": 9}], "annotations": [
+    ann(1, 7, "A Caf\u00e9 with cr\u00e8me br\u00fbl\u00e9e"),
+    ann(2, 7, "na\u00efve  Zo\u00eb\u2019s cat "), ann(3, 9, "Two\tdogs on a jalape\u00f1o"),
+    ann(4, 9, "a dog.\r\n"), ann(5, 9, "\u00c5ngstr\u00f6m")]}
+PRETTY = json.dumps(SAVED, ensure_ascii=False, indent=2)
+EDITORS = {                            # how editors and tools on Windows and macOS save it
+    "UTF-8, no escapes": PRETTY.encode(),
+    "UTF-8 with BOM (Notepad)": b"\xef\xbb\xbf" + PRETTY.encode(),
+    "UTF-8 with BOM, CRLF": b"\xef\xbb\xbf" + PRETTY.replace("\n", "\r\n").encode(),
+    "UTF-16 LE with BOM (Notepad 'Unicode')": b"\xff\xfe" + PRETTY.encode("utf-16-le"),
+    "UTF-16 BE with BOM": b"\xfe\xff" + PRETTY.encode("utf-16-be"),
+    "UTF-16 LE without BOM": PRETTY.encode("utf-16-le"),
+    "UTF-32 LE with BOM": b"\xff\xfe\x00\x00" + PRETTY.encode("utf-32-le"),
+    "CRLF": PRETTY.replace("\n", "\r\n").encode(),
+    "CR (classic Mac)": PRETTY.replace("\n", "\r").encode(),
+    "tabs, trailing blank lines": (json.dumps(SAVED, ensure_ascii=False, indent="\t")
+                                   + "\n \t\n").encode(),
+    "NFD (macOS)": unicodedata.normalize("NFD", PRETTY).encode(),
+}
+
+
+@pytest.mark.parametrize("name", EDITORS)
+def test_captions_load_alike_however_an_editor_saved_them(name, tmp_path):
+    """The same captions in any encoding JSON allows (UTF-8/16/32, BOM or none), any line
+    ending, NFC or NFD: exactly the captions json.dumps's file gives."""
+    python = load_coco_captions(write_json(tmp_path / "python.json", SAVED))
+    assert python.captions == (("a caf\u00e9 with cr\u00e8me br\u00fbl\u00e9e",
+                                "na\u00efve zo\u00eb's cat"),
+                               ("two dogs on a jalape\u00f1o", "a dog.", "\u00e5ngstr\u00f6m"))
+    (tmp_path / "saved.json").write_bytes(EDITORS[name])
+    saved = load_coco_captions(tmp_path / "saved.json")
+    assert saved.captions == python.captions and saved.stats == python.stats
+    assert saved.image_ids.tolist() == python.image_ids.tolist() == [7, 9]
+
+
+def test_a_latin1_captions_file_is_refused_in_one_line(tmp_path):
+    """cp1252 / Latin-1 ("ANSI") bytes are not UTF-8: refused, not guessed (the same bytes in
+    another 8-bit code page are other captions)."""
+    path = tmp_path / "ansi.json"
+    path.write_bytes(PRETTY.encode("cp1252"))
+    offset = PRETTY.encode("cp1252").index(b"\xe9")
+    assert_error(path, ValueError, f"{path}: not a COCO captions JSON file: byte 0xe9 at offset "
+                                   f"{offset} is not UTF-8 (saved as Latin-1 / cp1252 / 'ANSI'? "
+                                   f"save it as UTF-8)")
+    path.write_bytes(b"\xff\xfe" + PRETTY.encode("utf-16-le")[:-1])   # cut mid-character
+    assert_error(path, ValueError, "is not UTF-16 (cut short or damaged?)")
+
+
+def test_a_run_trains_alike_on_captions_saved_by_notepad_or_macos(tmp_path, capsys):
+    """`train` on a world's captions as json.dumps wrote them, and on the same captions saved
+    as Notepad's "Unicode" (UTF-16 LE with BOM), CRLF, accents in NFD, tab indents: the same
+    losses at every step and the same final metrics, exactly. The same captions in cp1252 bytes
+    are one line, exit 2, nothing written."""
+    from minialign.__main__ import main
+    from minialign.machinery.images.synthetic import write_world
+    captions, _ = write_world(tmp_path / "world", n_scenes=120, seed=0, world="v1")
+    coco = json.loads(Path(captions).read_text())
+    for k, a in enumerate(coco["annotations"][:60]):          # accented words in some captions
+        a["caption"] += " " + ("caf\u00e9", "cr\u00e8me br\u00fbl\u00e9e", "na\u00efve")[k % 3]
+    text = json.dumps(coco, ensure_ascii=False, indent="\t")
+    files = {"python": json.dumps(coco).encode(),
+             "notepad": b"\xff\xfe" + unicodedata.normalize("NFD", text).replace(
+                 "\n", "\r\n").encode("utf-16-le")}
+    runs = {}
+    for name, data in files.items():
+        (tmp_path / f"{name}.json").write_bytes(data)
+        out = tmp_path / name
+        assert main(["train", "--objective", "bad_views", "--captions", str(tmp_path /
+                     f"{name}.json"), "--out", str(out), "--steps", "4", "--batch-photos", "16",
+                     "--warmup-steps", "1", "--eval-every", "2", "--d-model", "16",
+                     "--n-layers", "1", "--n-heads", "2", "--threads", "1"]) in (0, None)
+        rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        info = json.loads((out / "config.json").read_text())["info"]
+        runs[name] = ([{k: v for k, v in r.items() if k != "seconds"} for r in rows],
+                      json.loads((out / "metrics.json").read_text())["final"],
+                      {k: v for k, v in info.items() if k != "captions_sha256"})
+    assert runs["notepad"] == runs["python"] and len(runs["python"][0]) == 4
+    assert runs["python"][2]["vocab_size"] > 100
+    capsys.readouterr()
+    (tmp_path / "ansi.json").write_bytes(text.encode("cp1252"))
+    assert main(["train", "--objective", "bad_views", "--captions", str(tmp_path / "ansi.json"),
+                 "--out", str(tmp_path / "ansi")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"minialign train: error: {tmp_path / 'ansi.json'}: not a COCO "
+                          f"captions JSON file: byte 0xe9 at offset ") and err.count("\n") == 1
+    assert not (tmp_path / "ansi").exists()

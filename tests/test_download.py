@@ -220,7 +220,8 @@ def test_fetch_images_verifies_present_files_and_refetches_a_damaged_one(server,
     path.write_bytes(path.read_bytes()[:200])           # a truncated JPEG: fetched again
     server.requests.clear()
     result = fetch_images(records, out, backoff=TINY_BACKOFF, progress=False, allow_http=True)
-    assert result == {"fetched": 1, "already_present": 1, "failed": {}}
+    assert result == {"fetched": 1, "already_present": 1, "failed": {},
+                      "redirected_to_http": 0}
     assert server.requests == [(f"/files/{records[1]['file_name']}", None)]
     assert path.read_bytes() == server.files[records[1]["file_name"]]
     lines = (out / MANIFEST).read_text().splitlines()
@@ -313,8 +314,10 @@ def test_photo_urls_are_https_unless_http_is_allowed():
     coco = "http://images.cocodataset.org/train2017/000000000009.jpg"
     assert IMAGES_URL == "https://images.cocodataset.org/"
     assert photo_url(coco) == "https://images.cocodataset.org/train2017/000000000009.jpg"
-    assert photo_url(coco, "https://s3.amazonaws.com/images.cocodataset.org/") == \
-        "https://s3.amazonaws.com/images.cocodataset.org/train2017/000000000009.jpg"
+    for spelling in ("https://s3.amazonaws.com/images.cocodataset.org/",
+                     "https://s3.amazonaws.com/images.cocodataset.org"):    # either, one "/"
+        assert photo_url(coco, spelling) == \
+            "https://s3.amazonaws.com/images.cocodataset.org/train2017/000000000009.jpg"
     assert photo_url("http://127.0.0.1:8/files/a.jpg") == "https://127.0.0.1:8/files/a.jpg"
     assert photo_url("http://127.0.0.1:8/files/a.jpg", allow_http=True) == \
         "http://127.0.0.1:8/files/a.jpg"
@@ -339,3 +342,39 @@ def test_https_download_verifies_the_server_certificate(tls_server, tls_cert, tm
              progress=False)
     assert (tmp_path / "a.bin").read_bytes() == data
     assert [r for _, r in tls_server.requests] == [None, f"bytes={len(data) // 2}-"]
+
+
+# ---------------------------------------------------------------- every hop HTTPS
+def test_a_redirect_from_https_to_http_is_refused_before_any_byte(tls_server, server, tmp_path,
+                                                                  monkeypatch, capsys):
+    """302 to http:// from an https:// URL: one line naming both URLs and --allow-http, not
+    retried, the http:// server never asked, nothing written; with allow_http followed and
+    said on stderr."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
+    data = server.files["a.bin"] = random_bytes(3000)
+    url, target = f"{tls_server.url}/moved/a.bin", f"{server.url}/files/a.bin"
+    tls_server.redirects["/moved/a.bin"] = target
+    with pytest.raises(DownloadError) as info:
+        download(url, tmp_path / "a.bin", backoff=TINY_BACKOFF, progress=False)
+    assert str(info.value) == (f"{url}: redirected (302) to {target}: plain HTTP refused "
+                               f"(unauthenticated: the bytes can be changed on the way); pass "
+                               f"--allow-http to follow it")
+    assert info.value.tries == 1 and len(tls_server.requests) == 1 and server.requests == []
+    assert list(tmp_path.iterdir()) == []
+    download(url, tmp_path / "a.bin", expected_sha256=sha256(data), progress=False,
+             allow_http=True)
+    assert (tmp_path / "a.bin").read_bytes() == data and server.requests == [("/files/a.bin",
+                                                                              None)]
+    assert (f"{url}: redirected (302) to {target}, plain HTTP, followed (--allow-http)"
+            in capsys.readouterr().err)
+
+
+def test_a_redirect_from_https_to_https_is_followed(tls_server, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_server.cert))
+    data = tls_server.files["a.bin"] = random_bytes(3000)
+    tls_server.redirects["/moved/a.bin"] = f"{tls_server.url}/files/a.bin"
+    download(f"{tls_server.url}/moved/a.bin", tmp_path / "a.bin", expected_sha256=sha256(data),
+             progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == data
+    assert [p for p, _ in tls_server.requests] == ["/moved/a.bin", "/files/a.bin"]
+    assert "redirected" not in capsys.readouterr().err

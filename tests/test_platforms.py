@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import POSIX_SIGNALS
+from test_dirlock import started
 from minialign.machinery.timing import bench
 from minialign.machinery import cli
 from minialign.machinery.run import dirlock, machine
@@ -136,7 +137,8 @@ def test_two_processes_one_directory_without_fcntl_and_resource(hidden, world, t
             f"minialign train: error: {out}: in use by another minialign process (pid "
             f"{holder.pid} on {socket.gethostname()}, started "
             + refused.stderr.split(", started ", 1)[1].strip()]
-        assert "wait for it to finish or stop it, then rerun" in refused.stderr
+        assert refused.stderr.strip().endswith("wait for it to finish or stop it, then rerun "
+                                               f"(its lock file: {out / dirlock.LOCK_FILE})")
         assert sorted(p.name for p in out.iterdir()) == [dirlock.LOCK_FILE]  # nothing written
     finally:
         holder.kill()                                    # SIGKILL: its pid file stays behind
@@ -145,6 +147,45 @@ def test_two_processes_one_directory_without_fcntl_and_resource(hidden, world, t
     after = minialign(hidden, *train_argv(world, out, 20))         # a dead holder: taken over
     assert after.returncode == 0, after.stderr
     assert (out / "metrics.json").exists() and not (out / dirlock.LOCK_FILE).exists()
+
+
+def test_a_pid_file_that_cannot_be_verified_says_it_is_safe_to_delete(hidden, world, tmp_path):
+    """`train` without fcntl on a directory whose .lock is empty, names a live process that is
+    not minialign, or another host: one line naming the lock file and that deleting it is safe
+    when no minialign runs there, nothing written; a .lock naming a live pid with another start
+    time (a reused pid) is taken over and the run trains."""
+    out, lock = tmp_path / "run", tmp_path / "run" / dirlock.LOCK_FILE
+    other = started([sys.executable, "-c", "import time; time.sleep(60)"])
+    safe = ("if no minialign process runs on this directory, it is safe to delete that file, "
+            "then rerun")
+    command = dirlock.process_command(other.pid)                      # None without /proc
+    running = f" (running `{command}`)" if command else ""
+    try:
+        for text, why in [("", "it is empty (a process killed while it started, or one "
+                                "starting now)"),
+                          (f"pid {other.pid} on {socket.gethostname()}, started x: sleep",
+                           f"pid {other.pid} is alive{running} and cannot be verified as the "
+                           f"minialign "
+                           f"process that wrote it (no start time recorded)"),
+                          ("pid 7 on elsewhere, started x: python -m minialign train",
+                           "its process runs on elsewhere, which cannot be checked from here")]:
+            out.mkdir(exist_ok=True)
+            lock.write_text(text)
+            refused = minialign(hidden, *train_argv(world, out, 20))
+            holder = f" ({text})" if text else ""
+            assert refused.returncode == 2 and refused.stderr.splitlines() == [
+                f"minialign train: error: {out}: locked by {lock}{holder}, but {why}; {safe}"]
+            assert sorted(p.name for p in out.iterdir()) == [dirlock.LOCK_FILE]
+        if dirlock.process_start(other.pid) is None:
+            pytest.skip("no /proc/<pid>/stat here: a reused pid cannot be told apart")
+        lock.write_text(f"pid {other.pid} on {socket.gethostname()}, started x: python -m "
+                        f"minialign train\nprocess start ticks 1\n")          # a reused pid
+        trained = minialign(hidden, *train_argv(world, out, 20))
+        assert trained.returncode == 0, trained.stderr
+        assert (out / "metrics.json").exists() and not lock.exists()
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_replicate_evaluate_and_report_without_fcntl_and_resource(hidden, world, tmp_path):

@@ -16,9 +16,10 @@ temporary name, then a rename), so Ctrl-C at any point and a rerun lose nothing.
 
 What is trusted: the zip is checked whole (size, then sha256, against the published values)
 before anything is extracted, so both captions files are the official ones; every download is
-HTTPS (a plain http:// URL only with --allow-http, and the zip's checksum is checked either
-way); each photo must decode, under Pillow's decompression-bomb guard, to the width x height
-that the checked captions file gives it (photos.py).
+HTTPS at every hop (a plain http:// URL or a redirect to one only with --allow-http, and the
+zip's checksum is checked either way); each photo must decode, under Pillow's
+decompression-bomb guard, to the width x height that the checked captions file gives it
+(photos.py).
 """
 import json
 import os
@@ -110,7 +111,7 @@ def extract_captions(zip_path, folder):
 
 
 def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, zip_size=None,
-                    zip_sha256=None):
+                    zip_sha256=None, allow_http=False):
     """COCO 2017 captions in root/annotations/: download once, verify, extract, keep.
     Skipped (no network) when root/annotations/MANIFEST.sha256 matches every file; a damaged
     or missing file is named and the folder extracted again (so is a folder without a
@@ -121,6 +122,7 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, zip_size=No
     folder root/.annotations.tmp-<random> and renames it to root/annotations (never
     half-extracted), then deletes the zip.
     zip_size, zip_sha256: the expected zip (None: ANNOTATIONS_SIZE, ANNOTATIONS_SHA256).
+    allow_http: follow a redirect from https:// to http:// (refused otherwise, nothing kept).
     Returns {"train": path, "val": path}. Raises ValueError (another or damaged zip: deleted,
     nothing extracted, so a rerun downloads it again) or OSError (network, disk), one line."""
     zip_size, zip_sha256 = zip_size or ANNOTATIONS_SIZE, zip_sha256 or ANNOTATIONS_SHA256
@@ -138,7 +140,8 @@ def get_annotations(root="coco", url=ANNOTATIONS_URL, progress=None, zip_size=No
     root.mkdir(parents=True, exist_ok=True)
     zip_path = root / ANNOTATIONS_ZIP
     from . import download                           # lazily: only this step needs the network
-    download.download(url, zip_path, expected_size=zip_size, progress=progress)
+    download.download(url, zip_path, expected_size=zip_size, progress=progress,
+                      allow_http=allow_http)
     try:
         check_zip(zip_path, zip_size, zip_sha256)
     except ValueError as err:
@@ -284,8 +287,10 @@ def fetch_subset_images(subset, images_dir, workers=8, progress=None, images_url
         raise OSError(f"{len(ids)} photos could not be fetched: ids {ids[:NUM_EXAMPLES]}"
                       f"{' ...' if len(ids) > NUM_EXAMPLES else ''} ({'; '.join(reasons[:3])}); "
                       f"rerun `make data` to retry")
+    redirected = result.get("redirected_to_http", 0)
     print(f"{images_dir}: {result['fetched']} photos fetched, {result['already_present']} "
-          f"already present", flush=True)
+          f"already present" + (f" ({redirected} through a redirect to plain http://, followed: "
+                                f"--allow-http)" if redirected else ""), flush=True)
 
 
 def run_data(root, num_photos, seed, images, workers, annotations_url, force,
@@ -298,11 +303,11 @@ def run_data(root, num_photos, seed, images, workers, annotations_url, force,
     refuse_http("--annotations-url", annotations_url, allow_http)
     refuse_http("--images-url", images_url, allow_http)
     if allow_http:
-        print("--allow-http: plain http:// URLs are used as given (the zip is still checked "
-              f"against its published sha256 {ANNOTATIONS_SHA256[:12]}..., each photo against "
-              "its width x height)", flush=True)
+        print("--allow-http: plain http:// URLs are used as given, and redirects to them "
+              "followed (the zip is still checked against its published sha256 "
+              f"{ANNOTATIONS_SHA256[:12]}..., each photo against its width x height)", flush=True)
     with DirLock(root):
-        paths = get_annotations(root, annotations_url)
+        paths = get_annotations(root, annotations_url, allow_http=allow_http)
         subset = ensure_subset(paths["train"], subset_path(root, num_photos, seed),
                                num_photos, seed, force)
         made = [paths["train"], paths["val"], subset]

@@ -7,6 +7,10 @@
 
 urllib checks an https:// server's certificate and host name against the system's CA
 certificates (ssl.create_default_context), so a failed check is an error, never a warning.
+It also follows redirects silently, to http:// as readily as to https://, so every hop is
+checked here (_HttpsRedirects): from an https:// URL, a redirect to anything but https:// is
+refused, in one line naming both URLs and --allow-http, before its bytes are asked for; with
+allow_http a redirect to http:// is followed and said (reporter.redirected).
 
 A file at `dest` is always complete: a transfer writes only the ".part" file beside it, which is
 flushed to disk and renamed onto `dest` once its size and checksum match. A cut transfer keeps
@@ -22,6 +26,7 @@ import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -56,6 +61,31 @@ class _Fatal(Exception):
     certificate that does not verify)."""
 
 
+class _Refused(Exception):
+    """A redirect that would leave HTTPS (the message says where to, and --allow-http)."""
+
+
+class _HttpsRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirect handler with every hop's scheme checked before it is followed: once
+    on https://, only https:// (any scheme urllib follows, if allow_http), as _Refused."""
+
+    def __init__(self, allow_http, reporter):
+        self.allow_http, self.reporter = allow_http, reporter
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        was_https = urllib.parse.urlsplit(req.full_url).scheme.lower() == "https"
+        if was_https and scheme != "https":
+            if not (self.allow_http and scheme == "http"):
+                fp.close()
+                raise _Refused(f"redirected ({code}) to {newurl}: plain HTTP refused "
+                               f"(unauthenticated: the bytes can be changed on the way); pass "
+                               f"--allow-http to follow it")
+            self.reporter.redirected(f"{req.full_url}: redirected ({code}) to {newurl}, plain "
+                                     f"HTTP, followed (--allow-http)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 # ---------------------------------------------------------------- one file
 def refuse_http(flag, url, allow_http):
     """Raise ValueError naming the flag and the URL if url is plain http:// and not allow_http:
@@ -66,7 +96,7 @@ def refuse_http(flag, url, allow_http):
 
 
 def download(url, dest, expected_size=None, expected_sha256=None, retries=4, backoff=1.0,
-             timeout=60, progress=None):
+             timeout=60, progress=None, allow_http=False):
     """Download `url` to `dest` (a path) and return dest as a Path.
 
     If dest exists and matches expected_size (bytes) and expected_sha256 (hex), whichever are
@@ -75,20 +105,25 @@ def download(url, dest, expected_size=None, expected_sha256=None, retries=4, bac
     retries: tries after the first; the k-th retry waits backoff * 2**(k-1) seconds. timeout:
     seconds for connecting and for each read. progress: True for a tqdm bar on stderr, False for
     plain lines on stderr (about one per 10%, retries noted), None: a bar if stderr is a terminal.
+    allow_http: follow a redirect from https:// to http:// (said on stderr); without it such a
+    redirect is a DownloadError at once, nothing written. (An http:// url is the caller's
+    choice: the commands refuse one without --allow-http, refuse_http.)
     Raises DownloadError (a ConnectionError) after the last retry or on an HTTP 4xx other than
-    429, keeping the .part; ValueError on a size or sha256 mismatch, after deleting the .part."""
+    429 or a refused redirect, keeping the .part; ValueError on a size or sha256 mismatch, after
+    deleting the .part."""
     dest = Path(dest)
     reporter = _ByteProgress(dest.name, sys.stderr.isatty() if progress is None else progress)
     try:
         return fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout,
-                         reporter)[0]
+                     reporter, allow_http=allow_http)[0]
     finally:
         reporter.close()
 
 
-def fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout, reporter):
-    """download() with a reporter (start(have, total), add(n), note(line)). Returns (dest,
-    Content-Type of the last response or None, whether anything was fetched)."""
+def fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout, reporter,
+          allow_http=False):
+    """download() with a reporter (start(have, total), add(n), note(line), redirected(line)).
+    Returns (dest, Content-Type of the last response or None, whether anything was fetched)."""
     part = dest.with_name(dest.name + PART_SUFFIX)
     if dest.is_file() and _mismatch(dest, expected_size, expected_sha256) is None:
         return dest, None, False
@@ -102,13 +137,15 @@ def fetch(url, dest, expected_size, expected_sha256, retries, backoff, timeout, 
             reporter.note(f"{url}: {reason}; retry {attempt}/{retries} in {wait:.1f} s")
             time.sleep(wait)
         try:
-            content_type = _get(url, part, timeout, reporter, expected_size)
+            content_type = _get(url, part, timeout, reporter, expected_size, allow_http)
             break
         except _Transient as err:
             reason = str(err)
         except _Fatal as err:
             raise DownloadError(f"{url}: cannot download ({err}); check the URL (not "
                                 f"retried)", url, attempt + 1, str(err)) from None
+        except _Refused as err:
+            raise DownloadError(f"{url}: {err}", url, attempt + 1, str(err)) from None
     else:
         have = part.stat().st_size if part.is_file() else 0
         kept = (f"the partial file {part} ({have} bytes) is kept, rerun to resume" if have
@@ -139,24 +176,25 @@ def _mismatch(path, expected_size, expected_sha256):
     return None
 
 
-def _get(url, part, timeout, reporter, expected_size=None):
+def _get(url, part, timeout, reporter, expected_size=None, allow_http=False):
     """One GET of `url` that appends to `part` (resuming its bytes) and fsyncs it. Returns the
-    Content-Type. Raises _Transient (retry) or _Fatal (do not); a transfer that ends before
-    the server's length (or expected_size, when the server gives none) is a _Transient cut."""
+    Content-Type. Raises _Transient (retry), _Fatal (do not) or _Refused (a redirect leaving
+    HTTPS, before anything is written); a transfer that ends before the server's length (or
+    expected_size, when the server gives none) is a _Transient cut."""
     have = part.stat().st_size if part.is_file() else 0
     headers = {"User-Agent": USER_AGENT}
     if have:
         headers["Range"] = f"bytes={have}-"
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                          timeout=timeout)
+        opener = urllib.request.build_opener(_HttpsRedirects(allow_http, reporter))
+        response = opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as err:
         err.close()
         if err.code == 416 and have:                    # the .part is complete, or too long
             if _content_range(err.headers.get("Content-Range"))[2] == have:
                 return None
             part.unlink()
-            return _get(url, part, timeout, reporter, expected_size)  # start over, no Range
+            return _get(url, part, timeout, reporter, expected_size, allow_http)  # no Range
         reason = f"HTTP {err.code} {err.reason}"
         raise (_Transient if err.code >= 500 or err.code == 429 else _Fatal)(reason) from None
     except (OSError, http.client.HTTPException) as err:   # URLError is an OSError
@@ -250,6 +288,8 @@ class _ByteProgress:
 
     def note(self, line):
         (self.bar.write if self.bar is not None else print)(line, file=sys.stderr)
+
+    redirected = note                                  # a followed http:// redirect, said
 
     def close(self):
         if self.bar is not None:

@@ -37,11 +37,12 @@ FETCHES = 2                           # a photo that does not verify is fetched 
 def photo_url(coco_url, images_url=None, allow_http=False):
     """Where a photo is fetched from: a coco_url on COCO's host becomes images_url (None:
     IMAGES_URL) + the rest of it, http://images.cocodataset.org/train2017/x.jpg ->
-    https://images.cocodataset.org/train2017/x.jpg; any other http:// URL becomes https://,
-    unless allow_http (then it is used as written)."""
+    https://images.cocodataset.org/train2017/x.jpg, with one "/" between them whether or not
+    images_url ends in one; any other http:// URL becomes https://, unless allow_http (then it
+    is used as written)."""
     for host in COCO_IMAGE_HOSTS:
         if coco_url.startswith(host):
-            return (images_url or IMAGES_URL) + coco_url[len(host):]
+            return (images_url or IMAGES_URL).rstrip("/") + "/" + coco_url[len(host):]
     if coco_url.lower().startswith("http://") and not allow_http:
         return "https://" + coco_url[len("http://"):]
     return coco_url
@@ -59,7 +60,10 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
     does not decode them again while their size is unchanged. Downloads use download() (resumed,
     atomic); retries, backoff and timeout are its. progress: a tqdm bar over images (True),
     plain stderr lines with count, failures and MB/s (False), or None: a bar on a terminal.
-    Returns {"fetched": int, "already_present": int, "failed": {image id: reason}}; single
+    allow_http: also follow redirects from https:// to http:// (download.fetch refuses them
+    otherwise: that photo fails, its reason naming both URLs and --allow-http).
+    Returns {"fetched": int, "already_present": int, "failed": {image id: reason},
+    "redirected_to_http": photos that were fetched through a followed http:// redirect}; single
     images never raise. Raises ValueError, naming the record, for a record without a field,
     a file_name that is not a plain file name, or two records with one file_name."""
     _check_records(records)
@@ -74,7 +78,8 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
 
     def one(record):
         url = photo_url(record["coco_url"], images_url, allow_http)
-        return _fetch_one(record, url, out_dir, verified, (retries, backoff, timeout), counter)
+        return _fetch_one(record, url, out_dir, verified, (retries, backoff, timeout, allow_http),
+                          counter)
 
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
@@ -102,6 +107,7 @@ def fetch_images(records, out_dir, workers=8, retries=4, backoff=1.0, timeout=60
                           f"{rate:.1f} MB/s", file=sys.stderr)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # Ctrl-C: start no new download
+    result["redirected_to_http"] = counter.redirects
     return result
 
 
@@ -118,10 +124,11 @@ def _fetch_one(record, url, out_dir, verified, options, counter):
         if _check_image(path, width, height, None) is None:
             return "already_present", f"{path.name}\t{size}"
         path.unlink()                                   # damaged: download it again
-    retries, backoff, timeout = options
+    retries, backoff, timeout, allow_http = options
     for _ in range(FETCHES):
         try:
-            _, content_type, _ = fetch(url, path, None, None, retries, backoff, timeout, counter)
+            _, content_type, _ = fetch(url, path, None, None, retries, backoff, timeout, counter,
+                                       allow_http=allow_http)
         except (DownloadError, ValueError) as err:
             return "failed", str(err)
         problem = _check_image(path, width, height, content_type)
@@ -181,10 +188,11 @@ def _read_manifest(path):
 
 
 class _ByteCounter:
-    """fetch_images' reporter for download: counts the bytes of all threads, prints nothing."""
+    """fetch_images' reporter for download: counts the bytes of all threads and the followed
+    http:// redirects (said once, in fetch_subset_images' last line), prints nothing."""
 
     def __init__(self):
-        self.total, self.lock = 0, threading.Lock()
+        self.total, self.redirects, self.lock = 0, 0, threading.Lock()
 
     def start(self, have, total):
         pass
@@ -195,3 +203,7 @@ class _ByteCounter:
 
     def note(self, line):
         pass
+
+    def redirected(self, line):
+        with self.lock:
+            self.redirects += 1

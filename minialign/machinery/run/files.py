@@ -132,19 +132,36 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
+def json_text(path, data, kind="JSON file"):
+    """The text of a JSON file's bytes `data`, in any encoding JSON allows, as editors save it:
+    UTF-8 (RFC 8259), with or without a byte-order mark (Notepad's "UTF-8 with BOM"), UTF-16
+    LE or BE (Notepad's "Unicode") or UTF-32, with or without one; json.detect_encoding tells
+    which, as json.loads does for bytes. Line endings and the rest are the parser's (any JSON
+    whitespace). Raises ValueError, one line naming `path`, for bytes that are none of these:
+    a Latin-1 / cp1252 ("ANSI") file is refused rather than guessed, since the same bytes read
+    as another 8-bit code page would be other captions."""
+    encoding = json.detect_encoding(data)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        name = encoding.upper().replace("-SIG", "")
+        hint = ("saved as Latin-1 / cp1252 / 'ANSI'? save it as UTF-8" if name == "UTF-8" else
+                "cut short or damaged?")
+        raise ValueError(f"{path}: not a {kind}: byte 0x{data[err.start]:02x} at offset "
+                         f"{err.start} is not {name} ({hint})") from None
+
+
 def read_json(path, kind="JSON file"):
     """The parsed JSON object in `path`. Raises FileNotFoundError or ValueError with one line
-    that starts with the path: missing, a folder, empty, truncated, not UTF-8, not JSON, or
-    not a JSON object. kind names what the file should be, for the message."""
+    that starts with the path: missing, a folder, empty, truncated, not UTF-8/16/32 (json_text),
+    not JSON, or not a JSON object. kind names what the file should be, for the message."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, expected a {kind}")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = json_text(path, path.read_bytes(), kind)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file (expected a {kind})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a {kind} (not UTF-8 text)") from None
     if not text.strip():
         raise ValueError(f"{path}: empty, expected a {kind} (interrupted by an older "
                          f"minialign, or truncated?)")
@@ -182,9 +199,10 @@ def read_coco_json(path):
                                 "inside it (e.g. captions_val2017.json)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
+    text = json_text(path, path.read_bytes(), "COCO captions JSON file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not a JSON file ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
         raise ValueError(f"{path}: not COCO captions format (no 'annotations' list at the top)")
