@@ -46,6 +46,7 @@ from ..run.machine import describe, use_cores
 from ..experiment.protocol import (check_protocol, group_of, lr_search, planned_runs, run_config,
                                    run_name, save_protocol, seed_grid, selection_score)
 from ..run.rundir import Diverged, is_diverged, is_finished, read_metrics
+from ..run.scores import score_state, scored_with
 
 EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
 
@@ -86,7 +87,7 @@ def train_and_score(cfg, run_dir, emb, progress=None, tag="[replicate]"):
         print(f"{tag} {err}; not retried", flush=True)      # err names the run
         code = EXIT_DIVERGED
     if needs_evaluation(run_dir, emb):
-        evaluate.evaluate_run(run_dir, emb["data"])
+        evaluate.score_run(run_dir, emb["data"], tag=tag)
     return code
 
 
@@ -109,7 +110,7 @@ def run_one(out, cfg, emb, tally, progress):
     if is_finished(run_dir):
         print(f"{tally['tag']} {run_dir.name}: finished earlier, skipped", flush=True)
         if needs_evaluation(run_dir, emb):
-            evaluate.evaluate_run(run_dir, emb["data"])
+            evaluate.score_run(run_dir, emb["data"], tag=tally["tag"])
         tally["pending"].discard(run_dir.name)
         tally["done"] += 1
         return
@@ -267,11 +268,32 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
 
 
 def needs_evaluation(run_dir, emb):
-    """Whether a finished run has not been scored against these image embeddings yet."""
+    """Whether a run has no current scores against these image embeddings: never scored,
+    scored with another file, or stale (it trained further since: scores.score_state)."""
     if emb is None or is_diverged(run_dir):
         return False
-    scored = read_metrics(run_dir).get("image_alignment", {}).get("embeddings") or {}
-    return scored.get("sha256") != emb["sha256"]
+    metrics = read_metrics(run_dir)
+    return (scored_with(metrics).get("sha256") != emb["sha256"]
+            or score_state(run_dir, metrics) != "current")
+
+
+def add_rescore_arg(p):
+    p.add_argument("--rescore", action="store_true",
+                   help="score again the runs that hold image scores of ANOTHER embeddings "
+                        "file (without it: refused before training, naming both files)")
+
+
+def check_scored_with(args, emb):
+    """Before a grid trains: ValueError (one line, evaluate.refuse_other_file) when runs in
+    args.out/runs hold image scores of another embeddings file, unless args.rescore (the
+    grid then scores them again against this one)."""
+    if emb is None or args.rescore:
+        return
+    runs = sorted(p for p in (Path(args.out) / "runs").glob("*") if p.is_dir())
+    found = evaluate.other_file_runs(runs, sha256_file(emb.path))
+    if found:
+        raise evaluate.refuse_other_file(found, emb.path, sha256_file(emb.path),
+                                         getattr(args, "command", "replicate"))
 
 
 def missing_embeddings_message(path, captions):
@@ -311,6 +333,7 @@ def run_replicate(protocol, args):
     check_protocol(args.out, protocol)                        # before a minute of timing
     data = train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
     emb = load_image_embeddings(args)
+    check_scored_with(args, emb)
     jobs, threads, per_run_mb = estimate.choose_jobs(protocol, args, data["tokenizer"].vocab_size)
     del data
     if args.dry_run or not args.no_estimate:
