@@ -57,7 +57,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.experiment.compare": 15, "machinery.experiment.scaling_report": 15,
     # grid/
     "machinery.grid.slurm": 2, "machinery.grid.memory": 3, "machinery.grid.jobs": 4, "machinery.grid.estimate": 14,
-    "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,
+    "machinery.grid.scored": 15, "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,
     "machinery.grid.slurm_runs": 17,
 }
 # one level per folder of machinery/: a module imports machinery modules only of its own folder

@@ -15,6 +15,10 @@ embeddings) and rewrites, in the same directory:
     fig_*.png           three figures of the same numbers, drawn by figures.py
 Without image alignment the image columns read "pending" and the figures use the text-side
 metric (paraphrase R@1), saying so in their titles. Same runs -> same bytes of results.md.
+A run's image scores are read only while they score the run as it is now (run/scores.py: stale
+ones are scored again first by `report`, rescore.rescore_stale), and runs scored against two
+embeddings files are refused in one line (rescore.check_one_file); results.md's text is
+results_md.py's.
 """
 import math
 from pathlib import Path
