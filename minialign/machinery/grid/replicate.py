@@ -46,7 +46,7 @@ from ..experiment.protocol import (check_protocol, group_of, lr_search, planned_
 from ..run.rundir import Diverged, is_finished, read_metrics
 # scored's names, also as replicate.X (they were this module's before #28)
 from .scored import (add_rescore_arg, check_scored_with, load_image_embeddings,  # noqa: F401
-                     missing_embeddings_message, needs_evaluation)
+                     missing_embeddings_message, needs_evaluation, say_if_stale)
 
 EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
 
@@ -87,6 +87,7 @@ def train_and_score(cfg, run_dir, emb, progress=None, tag="[replicate]"):
         print(f"{tag} {err}; not retried", flush=True)      # err names the run
         code = EXIT_DIVERGED
     if needs_evaluation(run_dir, emb):
+        say_if_stale(run_dir, tag)
         evaluate.score_run(run_dir, emb["data"], tag=tag)
     return code
 
@@ -110,6 +111,7 @@ def run_one(out, cfg, emb, tally, progress):
     if is_finished(run_dir):
         print(f"{tally['tag']} {run_dir.name}: finished earlier, skipped", flush=True)
         if needs_evaluation(run_dir, emb):
+            say_if_stale(run_dir, tally["tag"])
             evaluate.score_run(run_dir, emb["data"], tag=tally["tag"])
         tally["pending"].discard(run_dir.name)
         tally["done"] += 1

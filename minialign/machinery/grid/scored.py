@@ -15,7 +15,7 @@ from ..images.embeddings import (check_split_coverage, describe_join, join_on_id
                                  sha256_file)
 from ..run.monitor import load_coco_captions, split_photos
 from ..run.rundir import is_diverged, read_metrics
-from ..run.scores import score_state, scored_with
+from ..run.scores import score_state, scored_with, stale_phrase
 
 
 def needs_evaluation(run_dir, emb):
@@ -26,6 +26,13 @@ def needs_evaluation(run_dir, emb):
     metrics = read_metrics(run_dir)
     return (scored_with(metrics).get("sha256") != emb["sha256"]
             or score_state(run_dir, metrics) != "current")
+
+
+def say_if_stale(run_dir, tag):
+    """One line when a run about to be scored holds stale scores (it trained further since)."""
+    metrics = read_metrics(run_dir)
+    if score_state(run_dir, metrics) == "stale":
+        print(f"{tag} {run_dir}: {stale_phrase(run_dir, metrics)}: scoring it again", flush=True)
 
 
 def add_rescore_arg(p):
