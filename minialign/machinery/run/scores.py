@@ -77,7 +77,10 @@ def score_state(run_dir, metrics=None):
     if scored is None:                          # written before the record: its steps alone
         same = [e["step"] for e in alignment.get("steps", [])] == list(files)
         return "current" if same else "stale"
-    return "current" if scored == checkpoint_record(run_dir, files) else "stale"
+    try:
+        return "current" if scored == checkpoint_record(run_dir, files) else "stale"
+    except FileNotFoundError:                   # a file the run is rewinding away right now
+        return "stale"
 
 
 def current_alignment(run_dir, metrics=None):
