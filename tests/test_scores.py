@@ -18,7 +18,7 @@ import pytest
 from minialign.machinery import cli
 from minialign.machinery.images import synthetic
 from minialign.machinery.images.embeddings import load_embeddings, save_embeddings, sha256_file
-from minialign.machinery.run import rundir, scores
+from minialign.machinery.run import monitor, rundir, scores
 
 RUNS = ("good_views-lr1.00e-03-seed0", "next_token-lr1.00e-03-seed0")
 SIZE = ["--steps", "4", "--batch-photos", "8", "--eval-every", "2", "--warmup-steps", "1",
@@ -199,12 +199,23 @@ def test_evaluate_of_a_run_another_process_writes_is_refused_or_waits(world, tmp
     assert scores.score_state(run) == "current"
 
 
-def test_training_writes_metrics_from_the_file_keeping_image_scores(world, tmp_path):
-    """Training rewrites metrics.json from the file's current contents: an image score in the
-    file survives a write of training's keys (before #28: rewritten from memory, dropped)."""
-    run = grid_copy(world, tmp_path) / "runs" / RUNS[0]
-    metrics = rundir.read_metrics(run)
-    scored = metrics.pop("image_alignment")
-    rundir.write_training_metrics(run, {**metrics, "evals": metrics["evals"][:1]})
+def test_training_writes_metrics_from_the_file_keeping_image_scores(world, tmp_path,
+                                                                    monkeypatch):
+    """Training rewrites metrics.json from the file's current contents at every evaluation:
+    image scores that reached the file mid-run (here written at step 2's evaluation, as an
+    `evaluate` did before the run's lock kept it out) are still there when the run ends;
+    before #28 training rewrote the file from memory and dropped them."""
+    run, real_evaluate = tmp_path / "run", monitor.evaluate
+    scored = rundir.read_metrics(world["grid"] / "runs" / RUNS[0])["image_alignment"]
+
+    def evaluate(params, cfg, data, out, step, splits):
+        if step == 2:
+            rundir.update_metrics(out, rundir.IMAGE_SCORES, scored)
+        return real_evaluate(params, cfg, data, out, step, splits)
+    monkeypatch.setattr(monitor, "evaluate", evaluate)
+    assert cli.main(["train", "--captions", str(world["captions"]), "--objective", "good_views",
+                     "--out", str(run), *SIZE]) == 0
     saved = rundir.read_metrics(run)
-    assert saved["image_alignment"] == scored and saved["evals"] == metrics["evals"][:1]
+    assert saved["image_alignment"] == scored and [e["step"] for e in saved["evals"]] == [0, 2, 4]
+    # The grid's run of the same config saved the same bytes: its scores hold for this run too.
+    assert scores.score_state(run) == "current"
