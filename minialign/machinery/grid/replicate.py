@@ -10,7 +10,10 @@ sweep (scaling_run.py) runs on the same machinery.
    final val mutual-kNN wins (val paraphrase R@1 without image embeddings). A best value on
    the edge of the grid extends it by one point on that side, at most MAX_EXTENSIONS times,
    so every chosen lr is interior. A grid point equal to the shared lr is the seed grid's run.
-3. Image evaluation of every run (evaluate.evaluate_run), then report.build_report.
+3. Image evaluation of every run (scoring.score_run, under the run's lock), then
+   report.build_report. A run whose scores are of another embeddings file (refused before
+   training unless --rescore) or stale (it trained further since: run/scores.py) is scored
+   again (scored.needs_evaluation).
 
 The output directory holds protocol.json (a rerun with another protocol is refused),
 environment.json, and runs/<objective>-lr<lr>-seed<seed>/, each a train.train run directory.
