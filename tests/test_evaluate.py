@@ -13,7 +13,7 @@ import pytest
 
 from minialign import train
 from minialign.machinery.cli import add_evaluate_args, run_evaluate
-from minialign.machinery.run import encoder
+from minialign.machinery.run import dirlock, encoder
 from minialign.machinery.images import evaluate, synthetic
 from minialign.machinery.images.embeddings import load_embeddings, save_embeddings, sha256_file
 from minialign.metrics import (collapse_stats, fit_procrustes, mutual_knn, paraphrase_r_at_1,
@@ -282,8 +282,10 @@ def test_command_line_exit_codes(world, tmp_path, capsys):
 
 
 def snapshot(run):
-    """{relative path: bytes} of every file under a run directory."""
-    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    """{relative path: bytes} of every file under a run directory; the lock file (which names
+    its last holder: evaluate locks the run) only by name."""
+    return {p.relative_to(run): p.read_bytes() if p.name != dirlock.LOCK_FILE else None
+            for p in sorted(run.rglob("*")) if p.is_file()}
 
 
 def one_error_line(capsys):
@@ -408,7 +410,7 @@ def test_the_revision_of_the_embeddings_is_printed_and_stored(world, tmp_path, c
     for path, said in ((world["embeddings"], emb.meta["model"]),  # a synthetic world: no weights
                        (unpinned, "dinov2 (revision not recorded)"),
                        (pinned, f"{emb.meta['model']} at revision abc123")):
-        cli("--run", run, "--embeddings", path)
+        cli("--run", run, "--embeddings", path, "--rescore")    # each file replaces the last
         assert f"image embeddings {path} ({said}, sha256 " in capsys.readouterr().out
     ia = json.loads((run / "metrics.json").read_text())["image_alignment"]
     assert ia["embeddings"]["revision"] == "abc123"

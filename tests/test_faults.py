@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from minialign import train
+from minialign.machinery import cli
 from minialign.machinery.run import dirlock, files, monitor, rundir
 from minialign.machinery.images import synthetic
 from minialign.model import ModelConfig
@@ -103,8 +104,8 @@ class Injector:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    captions, _ = synthetic.write_world(root, n_scenes=120, seed=0, world="v1")
-    return {"captions": captions, "root": root}
+    captions, embeddings = synthetic.write_world(root, n_scenes=120, seed=0, world="v1")
+    return {"captions": captions, "embeddings": embeddings, "root": root}
 
 
 def config(captions):
@@ -291,3 +292,97 @@ def test_a_run_in_progress_is_named_even_without_resume(world, tmp_path):
         holder.wait()
     with pytest.raises(FileExistsError, match="not empty"):
         train.train(cfg, out, progress=False)
+
+
+# ---------------------------------------------------------------- a grid: stop, evaluate, resume
+RUN = "good_views-lr1.00e-03-seed0"       # the grid's one run (replicate's run_name)
+SIZE = ["--steps", "6", "--batch-photos", "8", "--eval-every", "2", "--warmup-steps", "1",
+        "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--max-len", "64"]
+
+
+def replicate_argv(world, out):
+    """`python -m minialign replicate` of one good_views run, 6 steps, evaluated at 2 and 4."""
+    return ["replicate", "--captions", str(world["captions"]), "--embeddings",
+            str(world["embeddings"]), "--out", str(out), "--objectives", "good_views",
+            "--seeds", "0", "--lr-search", "off", "--jobs", "1", "--no-estimate", *SIZE]
+
+
+def results_table(out):
+    """results.md without its one wall-clock line (the runs' own times)."""
+    return [line for line in (Path(out) / "results.md").read_text().splitlines()
+            if "add up to" not in line]
+
+
+class StopAfter(Injector):
+    """Ctrl-C right after the nth (1-based) write event named `label` of this command."""
+
+    def __init__(self, monkeypatch, label, nth):
+        super().__init__(monkeypatch)
+        self.label, self.left = label, nth
+
+    def event(self, label, partial=None):
+        super().event(label, partial)
+        self.left -= label == self.label
+        if label == self.label and self.left == 0:
+            raise KeyboardInterrupt
+
+
+@pytest.fixture(scope="module")
+def grid_reference(world, tmp_path_factory):
+    """The grid run once without a stop: its results.md."""
+    out = tmp_path_factory.mktemp("grid") / "res"
+    assert cli.main(replicate_argv(world, out)) == 0
+    return {"table": results_table(out)}
+
+
+def run_step(world, out, what):
+    """One user command of a sequence on the grid `out`: "stop:<label>:<n>" (replicate,
+    Ctrl-C right after its nth write event `label`), "evaluate", "replicate", "report", or
+    "train" (`train --resume` of the run itself). Returns its exit code."""
+    run = out / "runs" / RUN
+    if what.startswith("stop:"):
+        _, label, nth = what.split(":", 2)
+        with pytest.MonkeyPatch.context() as mp:
+            StopAfter(mp, label.replace("@", ":"), int(nth))
+            return cli.main(replicate_argv(world, out))
+    argv = {"evaluate": ["evaluate", "--run", str(run), "--embeddings", str(world["embeddings"])],
+            "replicate": replicate_argv(world, out), "report": ["report", str(out)],
+            "train": ["train", "--captions", str(world["captions"]), "--objective", "good_views",
+                      "--seed", "0", "--lr", "1e-3", "--out", str(run), "--resume", *SIZE]}[what]
+    return cli.main(argv)
+
+
+SEQUENCES = [  # each ends in a correct results.md; "@" stands for ":" in a label
+    ("stop:replace-after@checkpoint.npz:1", "evaluate", "replicate"),           # the issue's
+    ("stop:replace-after@checkpoint.npz:1", "evaluate", "report", "replicate"),
+    ("stop:replace-after@checkpoint.npz:2", "evaluate", "train", "report"),     # report rescores
+    ("stop:replace-after@checkpoint.npz:2", "evaluate", "train", "replicate"),
+    ("stop:replace-before@model.npz:1", "evaluate", "replicate", "evaluate", "report"),
+    ("stop:replace-after@checkpoint.npz:1", "evaluate", "stop:replace-after@checkpoint.npz:2",
+     "evaluate", "replicate"),
+    ("replicate", "evaluate", "report"),                                        # nothing stale
+]
+
+
+@pytest.mark.parametrize("sequence", SEQUENCES, ids=["-".join(s.split(":")[0] for s in seq)
+                                                     for seq in SEQUENCES])
+def test_stop_evaluate_resume_in_any_order_ends_in_the_same_results(world, grid_reference,
+                                                                    tmp_path, sequence, capsys):
+    """Issue 28.2: replicate stopped during its run, the run evaluated (a partial run has a
+    val split), then the grid resumed (replicate, or train --resume and report): the partial
+    run's scores are stale once it trains further and are scored again, so results.md is the
+    uninterrupted grid's; before #28 the rerun ended in KeyError: 'test' (report.py)."""
+    out = tmp_path / "res"
+    codes = [run_step(world, out, what) for what in sequence]
+    stops = [k for k, what in enumerate(sequence) if what.startswith("stop:")]
+    assert [codes[k] for k in stops] == [cli.EXIT_INTERRUPTED] * len(stops)
+    assert [c for k, c in enumerate(codes) if k not in stops] == [0] * (len(codes) - len(stops))
+    assert results_table(out) == grid_reference["table"]
+    scores = rundir.read_metrics(out / "runs" / RUN)["image_alignment"]
+    assert scores["checkpoint"]["step"] == 6 and "test" in scores["steps"][-1]
+    assert [e["step"] for e in scores["steps"]] == [0, 2, 4, 6]
+    said = capsys.readouterr()
+    assert "Traceback" not in said.err and "KeyError" not in said.err
+    if sequence[:2] == (sequence[0], "evaluate") and sequence[0].startswith("stop:"):
+        assert f"{out / 'runs' / RUN}: its image scores are of step " in said.out
+        assert "; the run is now at step 6: scoring it again" in said.out      # said, not silent

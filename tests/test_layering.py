@@ -36,25 +36,28 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.run.blasenv": 0, "machinery.run.files": 0, "machinery.run.flags": 0,
     "machinery.run.dirlock": 1, "machinery.run.machine": 2, "machinery.run.rundir": 2,
     "machinery.run.checkpoint": 4, "machinery.run.monitor": 8, "machinery.run.encoder": 12,
+    "machinery.run.scores": 3, "machinery.run.runlock": 2,
     # course/
     "machinery.course.exercises": 0, "machinery.course.grade": 1,
     # images/
     "machinery.images.synthetic_v2": 0, "machinery.images.embeddings": 2,
     "machinery.images.download": 4, "machinery.images.photos": 6,
     "machinery.images.caption_stats": 9, "machinery.images.coco": 12,
-    "machinery.images.evaluate": 12, "machinery.images.export": 12,
+    "machinery.images.scoring": 11, "machinery.images.evaluate": 12,
+    "machinery.images.export": 12,
     "machinery.images.synthetic": 12,
     # timing/
     "machinery.timing.gemms": 4, "machinery.timing.bench": 12,
     "machinery.timing.bench_torch": 14,
     # experiment/
     "machinery.experiment.speed": 0, "machinery.experiment.figures": 2,
-    "machinery.experiment.scaling": 6, "machinery.experiment.protocol": 12,
+    "machinery.experiment.scaling": 6, "machinery.experiment.results_md": 7,
+    "machinery.experiment.rescore": 12, "machinery.experiment.protocol": 12,
     "machinery.experiment.baselines": 13, "machinery.experiment.report": 14,
     "machinery.experiment.compare": 15, "machinery.experiment.scaling_report": 15,
     # grid/
-    "machinery.grid.slurm": 2, "machinery.grid.jobs": 4, "machinery.grid.estimate": 14,
-    "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,
+    "machinery.grid.slurm": 2, "machinery.grid.memory": 3, "machinery.grid.jobs": 4, "machinery.grid.estimate": 14,
+    "machinery.grid.scored": 15, "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,
     "machinery.grid.slurm_runs": 17,
 }
 # one level per folder of machinery/: a module imports machinery modules only of its own folder

@@ -125,7 +125,7 @@ def test_manifest_of_a_grid_one_task_per_run_each_rebuilding_its_config(tmp_path
     assert " --lr 0.00316 " in lr                           # repr of the grid's 3.16e-3
     _, argvs = slurm_runs.task(protocol.base, tmp_path, 2, "emb.npz")
     assert argvs[1][3:] == ["evaluate", "--run", str(tmp_path / "runs" / run_name(protocol.base)),
-                            "--embeddings", "emb.npz"]
+                            "--embeddings", "emb.npz", "--rescore"]
 
 
 def test_scaling_slurm_one_task_per_sized_run_each_rebuilding_its_size(world, tmp_path,
@@ -146,7 +146,7 @@ def test_scaling_slurm_one_task_per_sized_run_each_rebuilding_its_size(world, tm
         d_model = int(name.split("-d")[1].split("-")[0])
         assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (d_model, 1, 1)
         assert train_argv[train_argv.index("--out") + 1] == str(out / "runs" / name)
-        assert evaluate_argv[-2:] == ["--embeddings", str(embeddings)]
+        assert evaluate_argv[-3:] == ["--embeddings", str(embeddings), "--rescore"]
 
 
 def test_a_rerun_lists_only_missing_runs_and_the_searchs_extension(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from .timing import bench
 from .images import caption_stats, coco, evaluate, export, photos, synthetic
-from .experiment import compare, report, scaling_report
+from .experiment import compare, report, rescore, scaling_report
 from .course import exercises, grade
 from .grid import replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
@@ -108,6 +108,7 @@ def add_replicate_args(p):
                    help="frozen DINOv2 image embeddings .npz (`python -m minialign export`)")
     p.add_argument("--image-eval", choices=("on", "off"), default="on",
                    help="off: train text-only when the embeddings do not exist yet")
+    replicate.add_rescore_arg(p)
     p.add_argument("--out", required=True, help="results directory, e.g. results/coco")
     p.add_argument("--objectives", nargs="+", default=list(OBJECTIVE_ORDER), action=UniqueList,
                    choices=sorted(OBJECTIVES), help="objectives, in table order, each once")
@@ -219,10 +220,20 @@ def add_evaluate_args(p):
                         "omitted, only text-side metrics are printed; if given, it must exist")
     p.add_argument("--json", action="store_true",
                    help="print a machine-readable JSON summary instead of the table")
+    p.add_argument("--rescore", action="store_true",
+                   help="replace image scores a run holds from ANOTHER embeddings file "
+                        "(without it: refused, naming both files)")
+    add_wait_arg(p)
+
+
+def add_wait_arg(p):
+    p.add_argument("--wait", action="store_true",
+                   help="wait for a run another minialign command is writing (training, "
+                        "scoring) instead of stopping with one line that names it")
 
 
 def run_evaluate(args):
-    return evaluate.evaluate_runs(args.run, args.embeddings, args.json)
+    return evaluate.evaluate_runs(args.run, args.embeddings, args.json, args.rescore, args.wait)
 
 
 def add_report_args(p):
@@ -232,6 +243,7 @@ def add_report_args(p):
     p.add_argument("--out", default=None, metavar="FILE",
                    help="with two or more directories: where the side-by-side table goes "
                         "(default: compare_<A>_<B>.md beside the first directory)")
+    add_wait_arg(p)
 
 
 def run_report(args):
@@ -242,6 +254,8 @@ def run_report(args):
     if args.out is not None:
         raise ValueError("--out: only for a side-by-side table of two or more directories")
     out = Path(args.results_dir[0])
+    if (out / "protocol.json").is_file():           # stale image scores: scored again first
+        rescore.rescore_stale(out, args.wait)
     if (out / "protocol.json").is_file() and load_protocol(out).kind == "scaling":
         return scaling_report.run_report(out)
     return report.run_report(out)

@@ -6,6 +6,8 @@
   speed           "aligns faster": steps to a target, area under the validation curve
   figures         the PNG figures (Pillow only)
   report          results.md, results.json and the figures from saved runs
+  results_md      the text of results.md
+  rescore         stale image scores scored again; one embeddings file per table
   compare         two results directories side by side (VICReg vs SIGReg)
   scaling_report  a sweep's results.md and fig_scaling.png
 

@@ -20,6 +20,7 @@ from ...train import TrainConfig
 from ..run.checkpoint import input_difference
 from ..run.files import atomic_write_json, read_json
 from ..run.rundir import is_diverged, read_metrics, upgrade_config
+from ..run.scores import current_alignment
 from .scaling import size_config
 
 OBJECTIVE_ORDER = ("good_views", "bad_views", "next_token")  # the replication's table order
@@ -232,7 +233,8 @@ def lr_search(protocol, score_of):
 
 def selection_score(run_dir, metric):
     """The search's score of a run: its final val `metric` ("mutual_knn": mean over caption
-    slots, from metrics.json["image_alignment"]; "paraphrase_R@1": from metrics.json["final"]).
+    slots, from metrics.json["image_alignment"] while current: run/scores.py; "paraphrase_R@1":
+    from metrics.json["final"]).
     -inf for a diverged run; None if the run has not finished or lacks that metric."""
     run_dir = Path(run_dir)
     if is_diverged(run_dir):
@@ -242,5 +244,5 @@ def selection_score(run_dir, metric):
         return None
     if metric == "paraphrase_R@1":
         return metrics["final"]["val"]["paraphrase_R@1"]
-    steps = metrics.get("image_alignment", {}).get("steps", [])
+    steps = (current_alignment(run_dir, metrics) or {}).get("steps", [])     # never stale
     return steps[-1]["val"]["mutual_knn"]["mean"] if steps else None

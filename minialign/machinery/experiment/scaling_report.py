@@ -23,6 +23,7 @@ from .baselines import load_baselines
 from ..run.files import atomic_write_bytes, atomic_write_json, read_json
 from .protocol import load_protocol, run_config, run_name
 from .report import TEXT_KEY, cell, environment_lines, fmt, mean_std, run_numbers
+from .rescore import check_one_file
 from ..run.rundir import read_run_config
 from .scaling import count_params, gap_trend, signed, size_config, trend_sentence
 
@@ -56,6 +57,7 @@ def collect(out):
                 if (run_dir / "config.json").is_file():
                     runs[run_dir.name] = {**run_numbers(run_dir), "size": list(size)}
     finished = [r for r in runs.values() if r["status"] == "finished"]
+    check_one_file(out, finished)             # one table, one embeddings file (rescore.py)
     image = bool(finished) and all(IMAGE_KEY in r["test"] for r in finished)
     metric = IMAGE_KEY if image else TEXT_KEY
     embeddings = finished[0].get("embeddings_file") if image else None

@@ -10,7 +10,10 @@ sweep (scaling_run.py) runs on the same machinery.
    final val mutual-kNN wins (val paraphrase R@1 without image embeddings). A best value on
    the edge of the grid extends it by one point on that side, at most MAX_EXTENSIONS times,
    so every chosen lr is interior. A grid point equal to the shared lr is the seed grid's run.
-3. Image evaluation of every run (evaluate.evaluate_run), then report.build_report.
+3. Image evaluation of every run (scoring.score_run, under the run's lock), then
+   report.build_report. A run whose scores are of another embeddings file (refused before
+   training unless --rescore) or stale (it trained further since: run/scores.py) is scored
+   again (scored.needs_evaluation).
 
 The output directory holds protocol.json (a rerun with another protocol is refused),
 environment.json, and runs/<objective>-lr<lr>-seed<seed>/, each a train.train run directory.
@@ -34,18 +37,19 @@ from pathlib import Path
 import numpy as np
 
 from ... import train
-from ..run.monitor import load_coco_captions, split_photos
 from . import estimate, jobs as jobs_
 from ..images import evaluate
 from ..experiment import report
-from ..images.embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
-                                 sha256_file)
+from ..images.embeddings import sha256_file
 from ..run.dirlock import DirLock
 from ..run.files import atomic_write_json
 from ..run.machine import describe, use_cores
 from ..experiment.protocol import (check_protocol, group_of, lr_search, planned_runs, run_config,
                                    run_name, save_protocol, seed_grid, selection_score)
-from ..run.rundir import Diverged, is_diverged, is_finished, read_metrics
+from ..run.rundir import Diverged, is_finished, read_metrics
+# scored's names, also as replicate.X (they were this module's before #28)
+from .scored import (add_rescore_arg, check_scored_with, load_image_embeddings,  # noqa: F401
+                     missing_embeddings_message, needs_evaluation, say_if_stale)
 
 EXIT_DIVERGED = 3   # a --jobs child's exit code for a diverged run (as cli.EXIT_DIVERGED)
 
@@ -86,7 +90,8 @@ def train_and_score(cfg, run_dir, emb, progress=None, tag="[replicate]"):
         print(f"{tag} {err}; not retried", flush=True)      # err names the run
         code = EXIT_DIVERGED
     if needs_evaluation(run_dir, emb):
-        evaluate.evaluate_run(run_dir, emb["data"])
+        say_if_stale(run_dir, tag)
+        evaluate.score_run(run_dir, emb["data"], tag=tag)
     return code
 
 
@@ -109,7 +114,8 @@ def run_one(out, cfg, emb, tally, progress):
     if is_finished(run_dir):
         print(f"{tally['tag']} {run_dir.name}: finished earlier, skipped", flush=True)
         if needs_evaluation(run_dir, emb):
-            evaluate.evaluate_run(run_dir, emb["data"])
+            say_if_stale(run_dir, tally["tag"])
+            evaluate.score_run(run_dir, emb["data"], tag=tally["tag"])
         tally["pending"].discard(run_dir.name)
         tally["done"] += 1
         return
@@ -264,45 +270,6 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
     print(f"{tally['tag']} {state}: {name} | {eta_line(tally, steps, jobs, busy)}", flush=True)
 
 
-
-
-def needs_evaluation(run_dir, emb):
-    """Whether a finished run has not been scored against these image embeddings yet."""
-    if emb is None or is_diverged(run_dir):
-        return False
-    scored = read_metrics(run_dir).get("image_alignment", {}).get("embeddings") or {}
-    return scored.get("sha256") != emb["sha256"]
-
-
-def missing_embeddings_message(path, captions):
-    """Why replicate stops before training when the embeddings file is absent, and what to
-    do, on one line."""
-    return (f"{path} does not exist: image alignment (mutual-kNN, R@1) needs these image "
-            f"embeddings. {evaluate.how_to_export(path, captions)} Or train text-only now with "
-            f"--image-eval off (make: IMAGE_EVAL=off) and rerun with the file later: finished "
-            f"runs are scored without retraining.")
-
-
-def load_image_embeddings(args):
-    """The embeddings to score against, None with --image-eval off; checked against the
-    captions before any training. Raises FileNotFoundError (with what to do) when absent,
-    ValueError (embeddings.check_split_coverage) when a val or test photo has no embedding."""
-    tag = f"[{getattr(args, 'command', 'replicate')}]"             # replicate or scaling
-    if args.image_eval == "off":
-        print(f"{tag} image evaluation off: mutual-kNN and R@1 will read 'pending'",
-              flush=True)
-        return None
-    if not Path(args.embeddings).is_file():
-        raise FileNotFoundError(missing_embeddings_message(args.embeddings, args.captions))
-    emb = load_embeddings(args.embeddings)
-    image_ids = load_coco_captions(args.captions).image_ids                 # (P,)
-    split = split_photos(image_ids, train.TrainConfig().split_seed)         # as train.prepare
-    check_split_coverage(emb, args.captions, {name: image_ids[split[name]]
-                                              for name in ("val", "test")})
-    print(f"{tag} " + describe_join(join_on_ids(image_ids, emb)[2]), flush=True)
-    return emb
-
-
 def run_replicate(protocol, args):
     """`python -m minialign replicate`: the estimate (unless --no-estimate), the grid, then
     results.md, results.json and figures; --dry-run: the estimate only, nothing written.
@@ -311,6 +278,7 @@ def run_replicate(protocol, args):
     check_protocol(args.out, protocol)                        # before a minute of timing
     data = train.prepare(run_config(protocol, protocol.objectives[0], protocol.seeds[0]))
     emb = load_image_embeddings(args)
+    check_scored_with(args, emb)
     jobs, threads, per_run_mb = estimate.choose_jobs(protocol, args, data["tokenizer"].vocab_size)
     del data
     if args.dry_run or not args.no_estimate:

@@ -45,6 +45,7 @@ def add_scaling_args(p):
     p.add_argument("--image-eval", choices=("on", "off"), default="on",
                    help="off: train text-only when the embeddings do not exist yet")
     p.add_argument("--out", required=True, help="results directory, e.g. results/coco-scaling")
+    replicate.add_rescore_arg(p)
     p.add_argument("--widths", nargs="+", type=positive_int, default=list(WIDTHS),
                    action=UniqueList, metavar="D", help="encoder widths D, each once; "
                    "H = max(1, D / 64) heads (must divide D), MLP 4 D")
@@ -159,6 +160,7 @@ def run_scaling(protocol, args):
     vocab_size = data["tokenizer"].vocab_size
     del data
     emb = replicate.load_image_embeddings(args)
+    replicate.check_scored_with(args, emb)
     jobs, threads, per_run_mb = estimate.choose_jobs(
         size_protocol(protocol, largest(protocol, vocab_size)), args, vocab_size)
     if args.dry_run or not args.no_estimate:

@@ -37,7 +37,7 @@ from ..run.flags import LOSS_FIELDS, MODEL_FIELDS, TRAIN_FLAGS, add_config_flags
 from .jobs import log_tail, run_memory_mb
 from ..run.machine import describe
 from ..experiment.protocol import run_name, save_protocol
-from .replicate import load_image_embeddings, needs_evaluation, wanted_runs
+from .replicate import check_scored_with, load_image_embeddings, needs_evaluation, wanted_runs
 from ..run.rundir import is_finished
 
 DEFAULT_THREADS = 1   # cores per task when --threads is not given
@@ -121,7 +121,7 @@ def task(cfg, out, threads, embeddings):
     argvs = [argv]
     if embeddings is not None:
         argvs.append([sys.executable, "-m", "minialign", "evaluate", "--run", str(run_dir),
-                      "--embeddings", str(embeddings)])
+                      "--embeddings", str(embeddings), "--rescore"])   # checked at submit
     return run_dir.name, argvs
 
 
@@ -190,6 +190,7 @@ def run_slurm(protocol, args, wanted=wanted_runs, save=save_protocol, finish=rep
     first = wanted(protocol, out, None, "paraphrase_R@1")[0]
     vocab_size = prepare(first)["tokenizer"].vocab_size          # the captions, checked
     emb = load_image_embeddings(args)
+    check_scored_with(args, emb)                   # another file's scores: --rescore only
     emb = emb and {"data": emb, "sha256": sha256_file(emb.path)}
     for cfg in wanted(protocol, out, emb, "mutual_knn" if emb else "paraphrase_R@1"):
         task(cfg, out, 1, None)                                   # each config round-trips

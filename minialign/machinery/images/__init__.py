@@ -6,7 +6,8 @@ embeddings file and the evaluation against it, and the synthetic world in the sa
   photos        the subset's photos, fetched in parallel and verified
   export        COCO photos -> DINOv2 CLS embeddings (the only module that imports torch)
   embeddings    the image-embeddings .npz format: save, load (validated), join on image id
-  evaluate      scores saved caption embeddings of finished runs against image embeddings
+  scoring       scores one run's saved caption embeddings against image embeddings
+  evaluate      the `evaluate` command around it: locks, --rescore, the summary table
   synthetic     a SYNTHETIC world (captions + "image" embeddings) for the demo and the tests;
                 v1 and v2 (synthetic_v2, calibrated by caption_stats to COCO's caption overlap)
   synthetic_v2  world v2's scenes and captions

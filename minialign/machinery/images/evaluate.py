@@ -1,199 +1,40 @@
-"""Evaluation decoupled from training: saved caption embeddings x frozen image embeddings.
+"""`python -m minialign evaluate`: score saved runs against frozen image embeddings, and say
+where the embeddings come from when they are missing.
 
     python -m minialign evaluate --run DIR [--run DIR ...] [--embeddings PATH] [--json]
+                                 [--rescore] [--wait]
 
-Training writes caption embeddings of the val photos at every evaluation step, and of the
-val, test and train photos at the final step, into DIR/captions/<split>_step<step>.npz
-(rundir.save_caption_embeddings). This module scores them against the frozen DINOv2 image
-embeddings of the same photos (embeddings.py), so training never reads the image file and a
-new metric never needs a new training run. For each saved step:
+The scoring of one run is scoring.py's (what is computed, on which photos); this module is the
+command around it: the runs checked, locked and scored, the summary table, and the one line
+that says how to make a missing embeddings file. Without --embeddings only the text-side
+metrics are printed, which is not an error, and nothing is written; an --embeddings path that
+does not exist is an error that names it and the export command that creates it.
 
-  val  (every step):  mutual kNN@K between captions and images (Huh et al. 2024)
-  test (final step):  mutual kNN@K, and caption -> image R@1/5/10 after an orthogonal
-                      Procrustes rotation (Schoenemann 1966) fitted on the TRAIN photos
-  both:               text-side metrics recomputed from the saved float16 embeddings
-                      (paraphrase R@1, collapse std, effective rank; monitor.text_metrics)
-
-Caption slots: every photo has >= 2 captions, slot s = its s-th caption. Image metrics are
-computed once per slot, on the photos that have ALL saved slots and an image embedding (the
-same N photos for every slot, so one chance level), and reported as {"mean" over slots,
-"slot0", "per_slot"} (slot_summary). The rotation W is fitted once per step on ONE
-caption per train photo, its slot-0 caption, against that photo's image embedding, and the
-same W maps every test slot: the test rows also hold one caption per photo, and the spread
-over slots then measures caption wording only, not different fits.
-
-Results go into DIR/metrics.json under "image_alignment" (written atomically). Without
---embeddings only the text-side metrics are printed, which is not an error; an --embeddings
-path that does not exist is an error that names it and the export command that creates it.
+With --embeddings, every run is locked (run/runlock.py) before it is read and stays locked
+until its scores are written: a run still training, or being scored by another command, is
+refused in one line (--wait: waited for). Scores a run already holds from ANOTHER embeddings
+file are replaced only with --rescore (else one line naming both files, before any work);
+scores of an earlier checkpoint of the run (it trained further since: run/scores.py) are
+stale and replaced, saying so.
 """
 import json
 import sys
-from functools import reduce
 from pathlib import Path
 
-import numpy as np
+from .embeddings import describe_join, load_embeddings, model_label, sha256_file
+# scoring's names, also as evaluate.X (the scoring was this module's before #28)
+from .scoring import (K, RECALL_KS, evaluate_run, evaluate_split,  # noqa: F401
+                      load_caption_slots, score_run, score_test, slot_summary,
+                      write_image_alignment)
+from ..run.rundir import check_run_dir, read_metrics, read_run_config
+from ..run.runlock import hold
+from ..run.scores import file_label, score_state, scored_with, stale_phrase
 
-from .embeddings import (check_split_coverage, describe_join, join_on_ids, load_embeddings,
-                         model_label, sha256_file)
-from ...metrics import DEFAULT_KS, MUTUAL_KNN_K, fit_procrustes, mutual_knn, rotated_recall
-from ..run.monitor import text_metrics
-from ..run.rundir import (caption_files, check_run_dir, load_caption_slots, read_metrics,
-                          read_run_config, update_metrics)
-
-K = MUTUAL_KNN_K          # neighbours in mutual kNN (10, as in the replication)
-RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
 DEFAULT_EMBEDDINGS = "embeddings/coco_train2017_subset10000_seed0_dinov2-base.npz"  # make embeddings
 DEFAULT_SUBSET = "captions_train2017_subset10000_seed0.json"     # make data's file, its captions
 EXPORT_COMMAND = ("python -m minialign export --captions {captions} --images {images} "
                   "--model facebook/dinov2-base --out {out}")
 SYNTHETIC_FILES = ("captions_synthetic.json", "embeddings_synthetic.npz")  # synthetic.*_NAME
-
-
-def rows_of(ids, wanted):
-    """Index of each id of `wanted` (N,) in `ids` (P,): ids[rows_of(ids, wanted)] == wanted."""
-    row = {image_id: r for r, image_id in enumerate(ids.tolist())}
-    return np.array([row[image_id] for image_id in wanted.tolist()], dtype=np.int64)  # (N,)
-
-
-def slot_summary(per_slot):
-    """One metric's values per caption slot -> {"mean" over slots, "slot0", "per_slot"}."""
-    per_slot = [float(v) for v in per_slot]
-    return {"mean": float(np.mean(per_slot)), "slot0": per_slot[0], "per_slot": per_slot}
-
-
-def joined_slots(slots, emb, where):
-    """Caption and image rows of the photos that have every slot AND an image embedding.
-    slots: [(image_ids (P_s,), z (P_s, D))]; emb: ImageEmbeddings; where: names the split.
-    Returns z_slots [(N, D) per slot], img (N, D_img) float32 and a count dict; row i of
-    each is the photo with the i-th smallest image id. Raises ValueError if N <= K."""
-    with_all_slots = reduce(np.intersect1d, [ids for ids, _ in slots])   # (P_all,) sorted
-    cap_idx, emb_idx, _ = join_on_ids(with_all_slots, emb)
-    ids = with_all_slots[cap_idx]                                         # (N,)
-    if len(ids) <= K:
-        raise ValueError(f"{emb.path}: only {len(ids)} of the {len(slots[0][0])} photos of "
-                         f"{where} have an embedding; mutual kNN@{K} needs at least {K + 1}")
-    z_slots = [z[rows_of(slot_ids, ids)] for slot_ids, z in slots]        # S x (N, D)
-    img = emb.embeddings[emb_idx]                                         # (N, D_img)
-    counts = {"photos": len(ids), "split_photos": len(slots[0][0]),
-              "without_all_slots": len(slots[0][0]) - len(with_all_slots),
-              "without_embedding": len(with_all_slots) - len(ids)}
-    return z_slots, img, counts
-
-
-def score_test(z_slots, img, train_slots, emb, where):
-    """Caption -> image R@k on the test photos after a rotation fitted on the train photos.
-    z_slots: S x (N, D) test captions, img (N, D_img) their images; train_slots as saved.
-    W is fitted once, on (slot-0 caption, image) pairs of the train photos
-    (metrics.fit_procrustes), and maps every test slot (metrics.rotated_recall).
-    Returns {"R@k": {"mean", "slot0", "per_slot"}} (slot_summary)
-    and the number of train photos in the fit."""
-    train_ids, train_z = train_slots[0]                                   # (P_train,), (P_train, D)
-    cap_idx, emb_idx, _ = join_on_ids(train_ids, emb)
-    if len(cap_idx) <= train_z.shape[1]:
-        print(f"warning: {where}: rotation fitted on {len(cap_idx)} train photos, no more than "
-              f"the {train_z.shape[1]} caption dimensions; W is underdetermined", file=sys.stderr)
-    rotation = fit_procrustes(train_z[cap_idx], emb.embeddings[emb_idx])  # W, train means
-    recalls = [rotated_recall(rotation, z, img, ks=RECALL_KS) for z in z_slots]  # S x {"R@k"}
-    return {f"R@{k}": slot_summary(r[f"R@{k}"] for r in recalls) for k in RECALL_KS}, len(cap_idx)
-
-
-def evaluate_split(slots, emb, train_slots, where):
-    """All metrics of one saved split file. slots: the split's captions (load_caption_slots);
-    emb: ImageEmbeddings or None (text side only); train_slots: the train captions of the same
-    step for the test split's rotation, else None. Returns {"text": {...}, and with emb
-    "photos": {...}, "mutual_knn": {"mean", "slot0", "per_slot"}, and with train_slots "R@k"}."""
-    out = {"text": text_metrics(dict(enumerate(slots)))}   # slots 0 and 1 hold every photo
-    if emb is None:
-        return out
-    z_slots, img, out["photos"] = joined_slots(slots, emb, where)
-    out["mutual_knn"] = slot_summary(mutual_knn(z, img, k=K) for z in z_slots)
-    if train_slots is not None:
-        recalls, out["photos"]["train_fit"] = score_test(z_slots, img, train_slots, emb, where)
-        out.update(recalls)
-    return out
-
-
-def chance_levels(steps):
-    """Chance of each image metric, from the last step holding each split (N = photos scored):
-    mutual kNN@K ~ K / (N - 1), R@k = k / N."""
-    chance = {}
-    for entry in steps:
-        for split in ("val", "test"):
-            if "photos" in entry.get(split, {}):
-                n = entry[split]["photos"]["photos"]
-                chance[split] = {"photos": n, "mutual_knn": K / (n - 1)}
-                if "R@1" in entry[split]:
-                    chance[split].update({f"R@{k}": k / n for k in RECALL_KS})
-    return chance
-
-
-def split_photo_ids(files, loaded):
-    """{"val": ids, "test": ids}: the slot-0 image ids (every photo has a slot 0) of the last
-    saved file of each split, i.e. all photos of the run's val and test splits."""
-    ids = {}
-    for by_split in files.values():
-        ids.update({split: loaded[by_split[split]][0][0] for split in ("val", "test")
-                    if split in by_split})
-    return ids
-
-
-def evaluate_run(run_dir, emb, write=True, every_photo=False):
-    """Score every saved step of one run. run_dir: a training run directory; emb: loaded
-    ImageEmbeddings, or None for the text-side metrics only. With emb and write, the result
-    (less "run") is stored in run_dir/metrics.json under "image_alignment".
-    Returns {"run", "objective", "seed", "k", "embeddings", "join", "chance", "fit",
-    "steps": [{"step", "val": {...}, "test": {...} at the final step}]}.
-    every_photo: refuse embeddings that miss any val or test photo of the run
-    (embeddings.check_split_coverage) instead of scoring the photos they have.
-    Raises ValueError naming run_dir or a file for a bad run, a bad saved file, or image
-    embeddings that miss the run's photos or are narrower than the captions."""
-    run_dir = check_run_dir(run_dir)
-    config = read_run_config(run_dir)
-    files = caption_files(run_dir)
-    loaded = {path: load_caption_slots(path) for by_split in files.values()
-              for path in by_split.values()}
-    result = {"run": str(run_dir), "objective": config["objective"], "seed": config["seed"],
-              "k": K, "embeddings": None, "join": None, "chance": None,
-              "fit": "W fitted per step on the slot-0 caption of each train photo vs its image "
-                     "embedding; the same W maps every test slot", "steps": []}
-    if emb is not None:
-        width = next(iter(loaded.values()))[0][1].shape[1]
-        if emb.embeddings.shape[1] < width:
-            raise ValueError(f"{emb.path}: image embeddings are {emb.embeddings.shape[1]}-d, "
-                             f"narrower than the {width}-d captions of {run_dir}")
-        if every_photo:
-            check_split_coverage(emb, config.get("captions") or "(not recorded)",
-                                 split_photo_ids(files, loaded), flag="the run's captions")
-        run_ids = np.unique(np.concatenate([ids for slots in loaded.values() for ids, _ in slots]))
-        try:
-            result["join"] = join_on_ids(run_ids, emb)[2]
-        except ValueError as err:
-            raise ValueError(f"{run_dir}: {err}") from None
-        result["embeddings"] = {"path": str(emb.path), "sha256": sha256_file(emb.path),
-                                "model": emb.meta["model"],
-                                "revision": emb.meta.get("revision"),
-                                "count": int(emb.meta["count"]),
-                                "dim": int(emb.meta["dim"])}
-    for step, by_split in files.items():
-        entry = {"step": step}
-        for split in ("val", "test"):
-            if split in by_split:
-                if split == "test" and "train" not in by_split:
-                    raise ValueError(f"{run_dir}: step {step} has test but no train captions")
-                train_slots = loaded[by_split["train"]] if split == "test" else None
-                entry[split] = evaluate_split(loaded[by_split[split]], emb, train_slots,
-                                              f"{run_dir} {split} step {step}")
-        result["steps"].append(entry)
-    if emb is not None:
-        result["chance"] = chance_levels(result["steps"])
-        if write:
-            write_image_alignment(run_dir, result)
-    return result
-
-
-def write_image_alignment(run_dir, result):
-    """Set metrics.json["image_alignment"] = result less "run" (rundir.update_metrics)."""
-    update_metrics(run_dir, "image_alignment", {k: v for k, v in result.items() if k != "run"})
 
 
 def summary_row(result):
@@ -296,13 +137,71 @@ def check_embeddings_path(path, captions):
                                 f"{how_to_export(path, captions)}")
 
 
-def evaluate_runs(run_dirs, embeddings=None, as_json=False):
+def other_file_runs(runs, sha256):
+    """{file_label of another embeddings file: [run dirs]} for the runs whose image scores
+    (current or stale) were computed with a file other than the one of `sha256`."""
+    found = {}
+    for run_dir in runs:
+        record = scored_with(read_metrics(run_dir))
+        if record and record.get("sha256") != sha256:
+            found.setdefault(file_label(record), []).append(str(run_dir))
+    return found
+
+
+def refuse_other_file(found, path, sha256, command="evaluate"):
+    """ValueError, one line: which runs hold scores of which other file, and the flag that
+    replaces them (found: other_file_runs)."""
+    held = "; ".join(f"{', '.join(runs)}: scored with {label}" for label, runs in found.items())
+    return ValueError(f"{held}; --embeddings {file_label({'path': path, 'sha256': sha256})} is "
+                      f"another file: pass --rescore to replace those scores with this file's "
+                      f"(`python -m minialign {command} ... --rescore`), or give the file they "
+                      f"were scored with")
+
+
+def replacing_lines(runs, sha256):
+    """What scoring `runs` now replaces, one line per run that holds scores: stale ones (the
+    run trained further since) and another file's (--rescore)."""
+    lines = []
+    for run_dir in runs:
+        metrics = read_metrics(run_dir)
+        record = scored_with(metrics)
+        if record and record.get("sha256") != sha256:
+            lines.append(f"{run_dir}: replacing its image scores computed with "
+                         f"{file_label(record)} (--rescore)")
+        elif record and score_state(run_dir, metrics) == "stale":
+            lines.append(f"{run_dir}: {stale_phrase(run_dir, metrics)}: scored again")
+    return lines
+
+
+def score_and_write(runs, emb, rescore, wait):
+    """Lock `runs`, check them (metrics.json readable, no other file's scores unless
+    rescore), score every one, then write every one; returns the results. Nothing is written
+    unless every run scored."""
+    sha256 = sha256_file(emb.path)
+    with hold(runs, wait=wait, tag="[evaluate]"):
+        for run_dir in runs:                                 # a bad metrics.json: before work
+            read_metrics(run_dir)
+        found = other_file_runs(runs, sha256)
+        if found and not rescore:
+            raise refuse_other_file(found, emb.path, sha256)
+        said = replacing_lines(runs, sha256)
+        results = [evaluate_run(r, emb, write=False, every_photo=True) for r in runs]
+        for run_dir, result in zip(runs, results):          # every run scored: now write
+            write_image_alignment(run_dir, result)
+    for line in said:
+        print(line, file=sys.stderr, flush=True)
+    return results
+
+
+def evaluate_runs(run_dirs, embeddings=None, as_json=False, rescore=False, wait=False):
     """`python -m minialign evaluate`: evaluate every run directory of run_dirs (embeddings:
-    the .npz path, or None for the text side only), store image alignment in each metrics.json,
-    print a summary (as_json: as JSON).
+    the .npz path, or None for the text side only), store image alignment in each metrics.json
+    (score_and_write: under each run's lock; wait: for a run another command holds; rescore:
+    replace scores of another embeddings file), print a summary (as_json: as JSON).
     Returns the printed summary dict. Raises FileNotFoundError for a run directory or an
-    --embeddings file that does not exist, ValueError for a bad run or a corrupt or
-    mismatched embeddings file (one missing any val or test photo of a run); omitting
+    --embeddings file that does not exist, ValueError for a bad run, a corrupt or mismatched
+    embeddings file (one missing any val or test photo of a run) or scores of another file
+    without rescore, dirlock.DirLockedError for a run another command is writing; omitting
     --embeddings only limits the output to the text side."""
     runs = [check_run_dir(r) for r in run_dirs]              # bad input fails before any work
     configs = [read_run_config(r) for r in runs]              # each config.json, checked
@@ -312,15 +211,10 @@ def evaluate_runs(run_dirs, embeddings=None, as_json=False):
     if embeddings is not None:
         check_embeddings_path(embeddings, captions)
         emb = load_embeddings(embeddings)
+        results = score_and_write(runs, emb, rescore, wait)
     else:
         note = missing_embeddings_note(captions)
-    if emb is not None:                                      # a bad metrics.json: before work
-        for run_dir in runs:
-            read_metrics(run_dir)
-    results = [evaluate_run(r, emb, write=False, every_photo=True) for r in runs]
-    if emb is not None:                                      # every run scored: now write
-        for run_dir, result in zip(runs, results):
-            write_image_alignment(run_dir, result)
+        results = [evaluate_run(r, None, write=False) for r in runs]      # reads only
     rows = [summary_row(r) for r in results]
     summary = {"embeddings": results[0]["embeddings"], "k": K, "runs": rows,
                "join": [r["join"] for r in results], "note": note}

@@ -17,7 +17,8 @@ from ...model import encode, param_count
 from ...objectives import CAUSAL
 from ...tokenizer import build_tokenizer, clean_caption
 from .files import read_coco_json, sha256_file
-from .rundir import record_divergence, save_caption_embeddings, save_model, write_metrics
+from .rundir import (record_divergence, save_caption_embeddings, save_model,
+                     write_training_metrics)
 
 EVAL_BATCH = 500     # captions per forward pass when embedding evaluation captions
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
@@ -207,7 +208,7 @@ def evaluate_val(params, cfg, data, out, step, metrics, progress):
     one line through `progress` (a Progress)."""
     entry = evaluate(params, cfg, data, out, step, ("val",))
     metrics["evals"].append(entry)
-    write_metrics(out, metrics)
+    write_training_metrics(out, metrics)
     progress.write(f"[{cfg.objective}] step {step} val paraphrase R@1 "
                    f"{entry['val']['paraphrase_R@1']:.3f}")
 
@@ -218,11 +219,11 @@ def finish(params, cfg, data, out, metrics, t_start):
     save_model(out, params, data["tokenizer"])
     final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
     metrics["evals"].append(final)
-    write_metrics(out, metrics)
+    write_training_metrics(out, metrics)
     warnings = warn_if_collapsed(cfg, out, final)    # collapse is silent in the losses
     metrics.update(final=final, warnings=warnings, wall_seconds=time.perf_counter() - t_start,
                    ms_per_step=1000 * (time.perf_counter() - t_start) / max(1, cfg.steps))
-    write_metrics(out, metrics)
+    write_training_metrics(out, metrics)
     print_done(cfg, final)
     return metrics
 

@@ -41,6 +41,7 @@ ADDED_MODEL_DEFAULTS = {"layers": "fast"}   # ModelConfig.layers (#20): every ol
 RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
 RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
 METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
+IMAGE_SCORES = "image_alignment"  # metrics.json's key for the image scores (scores.py)
 VOCAB_KEY = "tokenizer.vocab"  # the tokenizer's array inside model.npz
 
 
@@ -128,9 +129,22 @@ def write_metrics(run_dir, metrics):
 
 
 def update_metrics(run_dir, key, value):
-    """Set metrics.json[key] = value, keeping the rest. Raises ValueError naming metrics.json
-    (read_metrics) before writing anything."""
-    write_metrics(run_dir, {**read_metrics(run_dir), key: value})
+    """Set metrics.json[key] = value, keeping the rest: read, changed and written whole
+    (atomically) from the file's current contents, under the run's lock (runlock.hold; train
+    holds it for the whole run). Raises ValueError naming metrics.json (read_metrics) before
+    writing anything."""
+    merge_metrics(run_dir, {key: value})
+
+
+def merge_metrics(run_dir, changes):
+    """metrics.json = its current contents with every key of `changes` set (update_metrics)."""
+    write_metrics(run_dir, {**read_metrics(run_dir), **changes})
+
+
+def write_training_metrics(run_dir, metrics):
+    """Training's keys of `metrics` (all but IMAGE_SCORES, which evaluate adds) into
+    metrics.json, keeping the image scores the file holds (merge_metrics)."""
+    merge_metrics(run_dir, {k: v for k, v in metrics.items() if k != IMAGE_SCORES})
 
 
 def is_diverged(run_dir):
