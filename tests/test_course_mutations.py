@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/test_exercises.py", "tests/gradcheck.py", "tests/conftest.py"]
 MIN_MUTANTS = 4
 CONCURRENT = 2            # pytest subprocesses at once (the suite's budget: 2 cores)
+TIMEOUT = 600             # seconds for one batch (a few on an idle machine)
 # exercise 9's decoupled weight decay, as the reference's loop body writes it
-DECAY = "    if weight_decay and decays(name, decay_embeddings):\n        p *= 1.0 - lr * weight_decay\n"
+DECAY = ("    if weight_decay and decays(name, decay_embeddings):\n"
+         "        p *= 1.0 - lr * weight_decay\n")
 
 MUTANTS = {
     1: [("db_mean", "db averaged over the rows instead of summed",
@@ -93,7 +95,8 @@ MUTANTS = {
         ("dq_dk_swapped", "dqkv concatenated as dk | dq | dv",
          [("for d in (dq, dk, dv)", "for d in (dk, dq, dv)")])],
     6: [("biased_variance", "Var with 1 / N, not 1 / (N - 1) (forward and backward)",
-         [("/ (N - 1) + VICREG_VAR_EPS", "/ N + VICREG_VAR_EPS"), ("((N - 1) * std)", "(N * std)")]),
+         [("/ (N - 1) + VICREG_VAR_EPS", "/ N + VICREG_VAR_EPS"),
+          ("((N - 1) * std)", "(N * std)")]),
         ("no_centring", "the variance of z about 0, not about its mean",
          [("zc = z - z.mean(axis=0)", "zc = z")]),
         ("eps_outside_sqrt", "std = sqrt(var) + eps",
@@ -114,7 +117,8 @@ MUTANTS = {
         ("biased_covariance", "C with 1 / N (forward and backward)",
          [("C = zc.T @ zc / (N - 1)", "C = zc.T @ zc / N"), ("(D * (N - 1))", "(D * N)")]),
         ("diagonal_included", "the variances on C's diagonal squared in too",
-         [("c = (off * off).sum() / D", "c = (C * C).sum() / D"), ("dz = zc @ off", "dz = zc @ C")]),
+         [("c = (off * off).sum() / D", "c = (C * C).sum() / D"),
+          ("dz = zc @ off", "dz = zc @ C")]),
         ("mean_over_pairs", "divided by the D (D - 1) pairs, not by D",
          [("c = (off * off).sum() / D", "c = (off * off).sum() / (D * (D - 1))"),
           ("(4.0 / (D * (N - 1)))", "(4.0 / (D * (D - 1) * (N - 1)))")]),
@@ -137,8 +141,9 @@ MUTANTS = {
          [("step = lr / (1.0 - beta1 ** t)", "step = lr"),
           ("v_scale = 1.0 / (1.0 - beta2 ** t)", "v_scale = 1.0")]),
         ("l2_not_decoupled", "weight decay added to the gradient (Adam + L2), not to the weights",
-         [(DECAY, ""), ("    m *= beta1\n", "    if weight_decay and decays(name, decay_embeddings):\n"
-                                            "        g = g + weight_decay * p\n    m *= beta1\n")]),
+         [(DECAY, ""),
+          ("    m *= beta1\n", "    if weight_decay and decays(name, decay_embeddings):\n"
+                             "        g = g + weight_decay * p\n    m *= beta1\n")]),
         ("decays_every_parameter", "LayerNorm gains and biases decayed too",
          [("if weight_decay and decays(name, decay_embeddings):", "if weight_decay:")]),
         ("ignores_decay_embeddings", "decays(name): the decay_embeddings option dropped",
@@ -200,8 +205,8 @@ MUTANTS = {
           [("correct = sim[rows, rows][:, None]",
             "correct = sim[rows, rows][:, None].copy()\nsim[rows, rows] = -np.inf")])],
     13: [("self_among_neighbours", "neighbours from cosine_similarity sorted, self not excluded",
-          [("knn_indices(A, k)", 'np.argsort(-cosine_similarity(A, A), axis=1, kind="stable")[:, :k]'),
-           ("knn_indices(B, k)", 'np.argsort(-cosine_similarity(B, B), axis=1, kind="stable")[:, :k]')]),
+          [("knn_indices(A, k)", "np.argsort(-cosine_similarity(A, A), axis=1)[:, :k]"),
+           ("knn_indices(B, k)", "np.argsort(-cosine_similarity(B, B), axis=1)[:, :k]")]),
          ("jaccard", "|A & B| / |A | B| (Jaccard), not |A & B| / k",
           [("np.mean(overlap / k)", "np.mean(overlap / (2 * k - overlap))")]),
          ("k_is_one", "only the nearest neighbour compared, whatever k",
@@ -225,7 +230,8 @@ MUTANTS = {
           [("return u @ vt", "if m.shape[0] == m.shape[1] and np.linalg.det(u @ vt) < 0:\n"
                              "    u[:, -1] *= -1\nreturn u @ vt")]),
          ("recentres_inputs", "z and img centred again inside (prepare_for_rotation does it)",
-          [("m = z_text.T @ img", "m = (z_text - z_text.mean(axis=0)).T @ (img - img.mean(axis=0))")]),
+          [("m = z_text.T @ img",
+            "m = (z_text - z_text.mean(axis=0)).T @ (img - img.mean(axis=0))")]),
          ("renormalises_rows", "rows L2-normalised again inside",
           [("m = z_text.T @ img", "m = l2_normalize(z_text).T @ l2_normalize(img)")])],
 }
@@ -332,7 +338,7 @@ def read_report(report):
     return outcomes
 
 
-def test_markers():
+def exercise_of_each_test():
     """{test function name: exercise N} from tests/test_exercises.py's exerciseN marks."""
     import test_exercises
     found = {}
@@ -344,44 +350,53 @@ def test_markers():
     return found
 
 
-test_markers.__test__ = False        # a helper, not a test
+def run_all(runs):
+    """Run start_grading(dest, numbers) for each (dest, numbers) in runs, CONCURRENT at once.
+    Returns the reports read, in the order of runs."""
+    outcomes, pending, active = {}, list(range(len(runs))), []
+    try:
+        while pending or active:
+            while pending and len(active) < CONCURRENT:
+                i = pending.pop(0)
+                active.append((i, *start_grading(*runs[i])))
+            i, proc, report = active.pop(0)
+            try:
+                output = proc.communicate(timeout=TIMEOUT)[0]
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{runs[i][0]}: still grading after {TIMEOUT} s") from None
+            assert report.is_file(), f"{runs[i][0]}: pytest wrote no report:\n{output[-2000:]}"
+            outcomes[i] = read_report(report)
+    finally:
+        for _, proc, _ in active:                    # only after a failure: stop the others
+            proc.kill()
+            proc.communicate()
+    return [outcomes[i] for i in range(len(runs))]
 
 
 def grade_mutants(workdir, root=ROOT):
-    """Grade the reference copy (batch 0: every exercise) and every batch of mutants (only the
-    mutated exercises' tests). Returns (reference outcomes [(exercise, test, message)],
-    {(N, mutant name): [(test, message)] of N's tests}, number of pytest runs)."""
-    bodies, needs, markers = reference_bodies(root), registered_needs(root), test_markers()
+    """Grade the reference copy (every exercise) and every batch of mutants (only the mutated
+    exercises' tests), copies of the code at root. Returns (the reference's outcomes
+    [(exercise, test, None or Failure)], {(N, mutant name): [(test, None or Failure)] of N's
+    tests}, the number of pytest runs)."""
+    bodies, needs, markers = reference_bodies(root), registered_needs(root), exercise_of_each_test()
     batches = [{}] + schedule({n: len(m) for n, m in MUTANTS.items()}, needs)
     runs = []
     for i, batch in enumerate(batches):
-        mutated = {n: mutant_body(bodies[n][1], MUTANTS[n][k][2], MUTANTS[n][k][0])
-                   for n, k in batch.items()}
         dest = Path(workdir) / f"batch{i}"
-        write_copy(dest, mutated, root)
-        runs.append((batch, dest, sorted(batch) or sorted(bodies)))
-    outcomes, pending = {}, list(range(len(runs)))
-    active = []
-    while pending or active:
-        while pending and len(active) < CONCURRENT:
-            i = pending.pop(0)
-            active.append((i, *start_grading(runs[i][1], runs[i][2])))
-        i, proc, report = active.pop(0)
-        output = proc.communicate()[0]
-        assert report.is_file(), f"pytest wrote no report in batch {i}:\n{output[-2000:]}"
-        outcomes[i] = read_report(report)
+        write_copy(dest, {n: mutant_body(bodies[n][1], MUTANTS[n][k][2], MUTANTS[n][k][0])
+                          for n, k in batch.items()}, root)
+        runs.append((dest, sorted(batch) or sorted(bodies)))
+    outcomes = run_all(runs)
     reference = [(markers[t], full, msg) for t, full, msg in outcomes[0]]
-    graded = {}
-    for i, (batch, _, _) in enumerate(runs[1:], start=1):
-        for n, k in batch.items():
-            graded[(n, MUTANTS[n][k][0])] = [(full, msg) for t, full, msg in outcomes[i]
-                                             if markers[t] == n]
-    return reference, graded, len(runs)
+    mutants = {(n, MUTANTS[n][k][0]): [(full, msg) for t, full, msg in outcomes[i]
+                                       if markers[t] == n]
+               for i, batch in enumerate(batches) for n, k in batch.items()}
+    return reference, mutants, len(runs)
 
 
 # ---------------------------------------------------------------- the tests
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def results(tmp_path_factory):
     return grade_mutants(tmp_path_factory.mktemp("mutants"))
 
 
@@ -405,20 +420,19 @@ def test_a_batch_never_holds_an_exercise_with_one_it_needs():
         (n, k) for n, m in MUTANTS.items() for k in range(len(m)))
 
 
-def test_the_reference_bodies_pass(graded):
-    reference, _, _ = graded
+def test_the_reference_bodies_pass(results):
+    reference, _, _ = results
     assert sorted({n for n, _, _ in reference}) == sorted(MUTANTS)
     failed = [(n, t, msg) for n, t, msg in reference if msg is not None]
     assert not failed, failed
 
 
 @pytest.mark.parametrize("number", sorted(MUTANTS))
-def test_every_mutant_fails_its_exercise(graded, number):
+def test_every_mutant_fails_its_exercise(results, number):
     """Each mutant fails some test of its exercise, by an assertion of the test (the mutant
     ran and returned the right shapes), not by crashing."""
-    _, results, _ = graded
     for name, what, _ in MUTANTS[number]:
-        tests = results[(number, name)]
+        tests = results[1][(number, name)]
         assert tests, f"exercise {number}, mutant {name}: no test ran"
         failed = [(t, msg) for t, msg in tests if msg is not None]
         assert failed, f"exercise {number}, mutant {name} ({what}) passes every test: " \

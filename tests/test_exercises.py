@@ -186,7 +186,8 @@ def test_mean_pool_float32_against_a_loop(graded):
                          for b in range(5)])
     dh = layers.mean_pool_backward(np.ones((5, 3), np.float32), cache)
     n_b = np.array([2, 1, 0, 4, 0])[seq]                   # (7,) rows of each row's sequence
-    check_float32(graded, dict(z=z, dh=dh), dict(z=expected, dh=np.repeat(1.0 / n_b[:, None], 3, 1)))
+    check_float32(graded, dict(z=z, dh=dh),
+                  dict(z=expected, dh=np.repeat(1.0 / n_b[:, None], 3, axis=1)))
 
 
 # ---------------------------------------------------------------- 4. LayerNorm backward
