@@ -5,7 +5,8 @@ exercise N calls exercise N's code and, at most, the earlier exercises pyproject
 lists as its needs (`exercise5: attention backward (needs 1)`); the kit's own tests
 (tests/test_course.py) check that every test here fails on its exercise's stub and passes
 with only that exercise and its needs solved. Only finite differences in float64, values
-worked out by hand or by an independent formula written here, and tolerances: never digests,
+worked out by hand or by an independent formula written here (float32 runs to float32
+rounding), and tolerances: never digests,
 so any correct solution passes, whatever order it rounds in. `graded` records each relative
 error for grade's table.
 
@@ -45,21 +46,20 @@ def check_all(graded, errors, tol=GRAD_TOL):
 
 
 class Untouched:
-    """with Untouched(a, cache, ...): assert, on leaving, that no array among the arguments
-    (or inside a tuple of them, such as a cache) was written to."""
+    """with Untouched(dy=dy, cache=cache, ...): assert, on leaving, that no array among the
+    named inputs (or inside one, a tuple such as a cache) was written to."""
 
-    def __init__(self, *inputs):
-        self.arrays = list(arrays_in(inputs))
+    def __init__(self, **inputs):
+        self.arrays = [(name, a) for name, obj in inputs.items() for a in arrays_in(obj)]
 
     def __enter__(self):
-        self.saved = [np.array(a, copy=True) for a in self.arrays]
-        return self
+        self.saved = [np.array(a, copy=True) for _, a in self.arrays]
 
     def __exit__(self, *exc):
         if exc[0] is None:
-            for i, (a, saved) in enumerate(zip(self.arrays, self.saved)):
+            for (name, a), saved in zip(self.arrays, self.saved):
                 assert np.array_equal(a, saved), \
-                    f"an input (array {i + 1} passed in) was written to: never modify one"
+                    f"{name} was written to: never modify an input (compute into a new array)"
 
 
 def arrays_in(obj):
@@ -110,7 +110,7 @@ def test_linear_backward_float32_against_einsum(graded):
     x = (rng.standard_normal((2, 3, 4)) + 1.0).astype(np.float32)
     w = rng.standard_normal((4, 5)).astype(np.float32)
     dy = rng.standard_normal((2, 3, 5)).astype(np.float32)
-    with Untouched(dy, x, w):
+    with Untouched(dy=dy, cache=(x, w)):
         dx, dw, db = layers.linear_backward(dy, (x, w))
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
     check_float32(graded, dict(dx=dx, dw=dw, db=db),
@@ -144,7 +144,7 @@ def test_gelu_backward_float32_against_the_derivative(graded):
     x = x.reshape(2, 7).astype(np.float32)
     dy = rng.standard_normal((2, 7)).astype(np.float32)
     _, cache = layers.gelu_forward(x)
-    with Untouched(dy, cache):
+    with Untouched(dy=dy, cache=cache):
         dx = layers.gelu_backward(dy, cache)
     x64, c, a = x.astype(np.float64), layers.GELU_C, layers.GELU_A
     u = c * (x64 + a * x64**3)
@@ -179,7 +179,7 @@ def test_mean_pool_float32_against_a_loop(graded):
     rng = np.random.default_rng(5)
     h = (rng.standard_normal((7, 3)) + 2.0).astype(np.float32)
     seq = np.array([3, 0, 3, 1, 3, 0, 3])                  # sequences 2 and 4 have no row
-    with Untouched(h, seq):
+    with Untouched(h=h, seq=seq):
         z, cache = layers.mean_pool_forward(h, seq, 5)
     h64 = h.astype(np.float64)
     expected = np.array([h64[seq == b].mean(axis=0) if (seq == b).any() else np.zeros(3)
@@ -226,7 +226,7 @@ def test_layernorm_backward_float32_against_the_jacobian(graded):
                           (x, rng.standard_normal(5), rng.standard_normal(5),
                            rng.standard_normal((2, 3, 5))))
     _, cache = layers.layernorm_forward(x, gamma, beta)
-    with Untouched(dy, cache):
+    with Untouched(dy=dy, cache=cache):
         dx, dgamma, dbeta = layers.layernorm_backward(dy, cache)
     x64, g64, dy64, D = x.astype(np.float64), gamma.astype(np.float64), dy.astype(np.float64), 5
     xc = x64 - x64.mean(axis=-1, keepdims=True)                           # (2, 3, D)
@@ -270,8 +270,9 @@ def test_attention_backward_float32_matches_float64(graded):
     for dtype in (np.float64, np.float32):
         args = [a.astype(dtype) for a in (x, w_qkv / 2, b_qkv, w_o / 2, b_o)]
         _, cache = layers.mha_forward(*args, layers.attention_bias(mask, True, dtype), H)
-        with Untouched(dy.astype(dtype), cache) as inputs:
-            grads[dtype] = layers.mha_backward(inputs.arrays[0], cache)
+        dy_in = dy.astype(dtype)
+        with Untouched(dy=dy_in, cache=cache):
+            grads[dtype] = layers.mha_backward(dy_in, cache)
     names = ["dx", "dw_qkv", "db_qkv", "dw_o", "db_o"]
     check_float32(graded, dict(zip(names, grads[np.float32])), dict(zip(names, grads[np.float64])),
                   tol=1e-4)
@@ -300,7 +301,7 @@ def test_variance_term_on_both_sides_of_the_hinge(graded):
     # sqrt(1.0001) > 1, no hinge (divided by N = 3 it would be 0.82, a hinge of 0.18);
     # dim 1: 5, 5.5, 6: variance 0.25, hinge 1 - sqrt(0.2501); dim 2: constant 3: 0.99
     z = np.array([[10.0, 5.0, 3.0], [11.0, 5.5, 3.0], [12.0, 6.0, 3.0]])
-    with Untouched(z):
+    with Untouched(z=z):
         v, dz = losses._variance_term(z)
     graded("v", rel_err(np.array(v), np.array((1 - math.sqrt(0.2501) + 0.99) / 3)), VALUE_TOL)
     # only dim 1 pulls: dv/dz_i1 = -(1/D) (z_i1 - 5.5) / ((N - 1) std_1); dim 0 is above the
@@ -316,7 +317,7 @@ def test_variance_term_float32(graded):
     rng = np.random.default_rng(9)
     z = rng.standard_normal((5, 4)) * np.array([0.3, 2.0, 0.8, 1.5]) + 1.0
     z32 = z.astype(np.float32)
-    with Untouched(z32):
+    with Untouched(z=z32):
         v, dz = losses._variance_term(z32)
     z = z32.astype(np.float64)
     std = np.sqrt(z.var(axis=0, ddof=1) + losses.VICREG_VAR_EPS)              # (D,)
@@ -360,7 +361,7 @@ def test_covariance_term_by_hand_with_non_zero_means(graded):
     # C01 = (2 - 4 - 4) / 2 = -3, C02 = (-2 - 2 + 1) / 2 = -1.5, C12 = (-4 + 2 - 4) / 2 = -3;
     # each twice: 2 (9 + 2.25 + 9) / D = 13.5
     z = np.array([[1.0, 2.0, 7.0], [4.0, 2.0, 4.0], [1.0, 8.0, 4.0]])
-    with Untouched(z):
+    with Untouched(z=z):
         c, _ = losses._covariance_term(z)
     graded("c", rel_err(np.array(c), np.array(13.5)), VALUE_TOL)
 
@@ -380,7 +381,7 @@ def test_covariance_term_float32_against_a_loop(graded):
     rng = np.random.default_rng(10)
     z = rng.standard_normal((5, 4)) + 0.5 * rng.standard_normal((5, 1)) + 2.0
     z32 = z.astype(np.float32)
-    with Untouched(z32):
+    with Untouched(z=z32):
         c, dz = losses._covariance_term(z32)
     z = z32.astype(np.float64)
     check_float32(graded, dict(dz=dz), dict(dz=numerical_grad(lambda: covariance_by_loop(z), z)))
@@ -417,7 +418,7 @@ def test_cross_entropy_float32_against_the_formula(graded):
     rng = np.random.default_rng(11)
     logits = (3 * rng.standard_normal((4, 6)) + 5.0).astype(np.float32)
     targets = np.array([5, 0, 0, 3])
-    with Untouched(logits, targets):
+    with Untouched(logits=logits, targets=targets):
         loss, dlogits, stats = losses.cross_entropy(logits, targets)
     e = np.exp(logits.astype(np.float64))
     p = e / e.sum(axis=1, keepdims=True)                                      # (4, 6)
@@ -482,7 +483,7 @@ def test_adamw_every_option_in_float32(graded, decay_embeddings):
     state = optim.adam_init(params)
     for step in steps:
         grads = {k: np.array(g, np.float32) for k, g in step.items()}
-        with Untouched(list(grads.values())):
+        with Untouched(grads=list(grads.values())):
             optim.adam_step(params, grads, state, options["lr"], weight_decay=options["wd"],
                             decay_embeddings=decay_embeddings, beta1=options["b1"],
                             beta2=options["b2"], eps=options["eps"])
@@ -538,7 +539,7 @@ def test_mask_words_against_a_loop(rate):
         if words and len(masked) == len(words):                           # keep the largest draw
             masked.remove(max(words, key=lambda t: u[b, t]))
         expected[b, masked] = MASK
-    with Untouched(tokens):
+    with Untouched(tokens=tokens):
         got = objectives.mask_words(tokens, rate, np.random.default_rng(3))
     np.testing.assert_array_equal(got, expected)
     assert got.dtype == np.int32
@@ -569,7 +570,7 @@ def test_next_token_targets_with_unk_and_an_empty_caption():
     tokens = np.array([[BOS, 7, UNK, 8, EOS, PAD],
                        [BOS, EOS, PAD, PAD, PAD, PAD],
                        [BOS, UNK, 9, 9, 10, EOS]], np.int32)
-    with Untouched(tokens):
+    with Untouched(tokens=tokens):
         targets, has_target = objectives.next_token_targets(tokens)
     # packed: BOS 7 UNK 8 EOS | BOS EOS | BOS UNK 9 9 10 EOS
     np.testing.assert_array_equal(targets[has_target], [7, UNK, 8, EOS, EOS, UNK, 9, 9, 10, EOS])
@@ -602,7 +603,7 @@ def test_recall_at_k_default_ks_against_a_loop():
     sim = np.round(rng.standard_normal((12, 15)) + np.eye(12, 15) * rng.uniform(0, 2, (12, 1)), 1)
     rank = np.array([sum(sim[i, j] > sim[i, i] or (sim[i, j] == sim[i, i] and j < i)
                          for j in range(15)) for i in range(12)])
-    with Untouched(sim):
+    with Untouched(sim=sim):
         got = metrics.recall_at_k(sim)
     assert got == {f"R@{k}": float(np.mean(rank < k)) for k in (1, 5, 10)}
 
@@ -650,7 +651,7 @@ def test_mutual_knn_against_a_loop(graded, k):
     b = a @ rng.standard_normal((3, 5)) + 3.0 * rng.standard_normal((9, 5))
     expected = np.mean([len(sa & sb) / k for sa, sb in zip(knn_by_loop(a, k), knn_by_loop(b, k))])
     assert 0 < expected < 1
-    with Untouched(a, b):
+    with Untouched(A=a, B=b):
         got = metrics.mutual_knn(a, b, k=k)
     graded("mutual k-NN", rel_err(np.array(got), np.array(expected)), VALUE_TOL)
 
@@ -689,7 +690,7 @@ def test_fit_rotation_against_the_polar_factor(graded):
     rng = np.random.default_rng(14)
     z = rng.standard_normal((20, 3)) * rng.uniform(0.2, 3.0, (20, 1)) + 1.0
     img = z @ rng.standard_normal((3, 5)) + rng.standard_normal((20, 5)) + 0.5
-    with Untouched(z, img):
+    with Untouched(z=z, img=img):
         w = metrics.fit_rotation(z, img)
     m = z.T @ img                                                         # (3, 5)
     lam, q = np.linalg.eigh(m @ m.T)                                      # (3,), (3, 3)
