@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from minialign.machinery.course.exercises import find_exercises
+if __name__ == "__main__":       # run as a script: this tree's package and tests/ come first
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent)]
+from minialign.machinery.course.exercises import find_exercises  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/test_exercises.py", "tests/gradcheck.py", "tests/conftest.py"]
@@ -239,12 +241,11 @@ MUTANTS = {
 
 # ---------------------------------------------------------------- mutants into code
 def reference_bodies(root=ROOT):
-    """{N: (exercise, its body dedented, its indentation)} from the code at root."""
+    """{N: exercise N's body, dedented} from the code at root."""
     bodies = {}
     for ex in find_exercises(root):
         lines = (root / ex.path).read_text(encoding="utf-8").splitlines(keepends=True)
-        body = "".join(lines[ex.start + 1:ex.end])
-        bodies[ex.number] = (ex, textwrap.dedent(body), re.match(r" *", lines[ex.start])[0])
+        bodies[ex.number] = textwrap.dedent("".join(lines[ex.start + 1:ex.end]))
     return bodies
 
 
@@ -383,7 +384,7 @@ def grade_mutants(workdir, root=ROOT):
     runs = []
     for i, batch in enumerate(batches):
         dest = Path(workdir) / f"batch{i}"
-        write_copy(dest, {n: mutant_body(bodies[n][1], MUTANTS[n][k][2], MUTANTS[n][k][0])
+        write_copy(dest, {n: mutant_body(bodies[n], MUTANTS[n][k][2], MUTANTS[n][k][0])
                           for n, k in batch.items()}, root)
         runs.append((dest, sorted(batch) or sorted(bodies)))
     outcomes = run_all(runs)
@@ -407,7 +408,7 @@ def test_every_exercise_has_four_mutants_that_apply_to_its_reference():
         assert len(mutants) >= MIN_MUTANTS, f"exercise {n}: {len(mutants)} mutants"
         assert len({name for name, _, _ in mutants}) == len(mutants)
         for name, _, edits in mutants:
-            assert mutant_body(bodies[n][1], edits, name) != bodies[n][1], name
+            assert mutant_body(bodies[n], edits, name) != bodies[n], name
 
 
 def test_a_batch_never_holds_an_exercise_with_one_it_needs():
@@ -447,7 +448,6 @@ def test_every_mutant_fails_its_exercise(results, number):
 if __name__ == "__main__":           # the table: each mutant and the first test failing it
     import tempfile
     import time
-    sys.path.insert(0, str(ROOT / "tests"))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         reference, results, n_runs = grade_mutants(Path(tmp))
