@@ -23,7 +23,7 @@ import minialign
 PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     # the core
-    "losses": 0, "metrics": 0, "minialign": 0, "optim": 0, "tokenizer": 0, "layers": 1,
+    "losses": 0, "metrics": 0, "minialign": 0, "optim": 0, "tokenizer": 0, "layers": 1, "wordpiece": 1,
     "data": 2, "model": 5, "objectives": 6, "train": 10, "__main__": 20,
     # machinery/ and its folders' __init__.py
     "machinery": 0, "machinery.course": 0, "machinery.experiment": 0, "machinery.fastpath": 0,
@@ -71,7 +71,7 @@ LAZY_IMPORTS = {
     ("machinery.images.coco", "machinery.images.photos"),
     ("machinery.course.grade", "pytest"),                    # the [test] extra: only grading
 }
-CORE = ("minialign", "tokenizer", "data", "layers", "model", "losses", "optim", "metrics",
+CORE = ("minialign", "tokenizer", "wordpiece", "data", "layers", "model", "losses", "optim", "metrics",
         "objectives", "train", "__main__")
 CORE_MACHINERY = {"model": {"machinery.fastpath.fast"},
                   "train": {"machinery.run.rundir", "machinery.run.checkpoint",
