@@ -53,7 +53,8 @@ class TrainConfig:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")
-        if self.tokenizer not in TOKENIZERS or (self.vocab != "") != (self.tokenizer == "wordpiece"):
+        if (self.tokenizer not in TOKENIZERS
+                or (self.vocab != "") != (self.tokenizer == "wordpiece")):
             raise ValueError(f"tokenizer={self.tokenizer!r} with vocab={self.vocab!r}: choose "
                              f"words (vocab '') or wordpiece with a vocabulary file")
         if isinstance(self.model, dict):

@@ -42,13 +42,15 @@ def is_cjk(ch: str) -> bool:
 
 
 def clean_char(ch: str) -> str:
-    """One character of BERT's text cleaning: "" for NUL, U+FFFD and control / format
-    characters (Unicode Cc, Cf: tab, newline and carriage return are whitespace); " " for
-    whitespace (space, \\t, \\n, \\r, Unicode Zs); a CJK ideograph with a space either side;
-    any other character (private-use ones too) as it is."""
+    """One character of BERT's text cleaning: "" for NUL, U+FFFD and "other" characters
+    (Unicode C*: control, format, private use, surrogate; tab, newline and carriage return are
+    whitespace), but not unassigned ones (Cn), as Hugging Face's tokenizers (Google's first
+    release drops Cc and Cf only: the two agree on every COCO caption); " " for whitespace
+    (space, \\t, \\n, \\r, Unicode Zs); a CJK ideograph with a space either side; any other
+    character as it is."""
     if ch in " \t\n\r" or unicodedata.category(ch) == "Zs":
         return " "
-    if ch in "\x00\ufffd" or unicodedata.category(ch) in ("Cc", "Cf"):
+    if ch in "\x00\ufffd" or unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs"):
         return ""
     return f" {ch} " if is_cjk(ch) else ch
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from .timing import bench
-from .images import caption_stats, coco, evaluate, export, photos, synthetic
+from .images import bert_vocab, caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import compare, report, scaling_report
 from .course import exercises, grade
 from .grid import replicate, scaling_run, slurm_runs
@@ -320,16 +320,21 @@ def add_data_args(p):
                    help="photos are fetched from this + the path of their coco_url, e.g. "
                         "train2017/000000000009.jpg (alternative: "
                         "https://s3.amazonaws.com/images.cocodataset.org/)")
+    p.add_argument("--vocab-url", default=bert_vocab.VOCAB_URL,
+                   help=f"where BERT's uncased WordPiece vocabulary (--tokenizer wordpiece) is "
+                        f"downloaded from, to ROOT/{bert_vocab.VOCAB_NAME}; checked: sha256 "
+                        f"{bert_vocab.VOCAB_SHA256}")
     p.add_argument("--allow-http", action="store_true",
-                   help="accept plain http:// URLs (unauthenticated) in --annotations-url and "
-                        "--images-url; the zip's sha256 is checked all the same")
+                   help="accept plain http:// URLs (unauthenticated) in --annotations-url, "
+                        "--images-url and --vocab-url; the zip's sha256 is checked all the same")
     p.add_argument("--force", action="store_true",
                    help="replace a subset file that was made with other settings")
 
 
 def run_data(args):
     coco.run_data(args.root, args.num_photos, args.seed, args.images, args.workers,
-                  args.annotations_url, args.force, args.images_url, args.allow_http)
+                  args.annotations_url, args.force, args.images_url, args.allow_http,
+                  args.vocab_url)
 
 
 def add_export_args(p):

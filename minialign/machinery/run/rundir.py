@@ -60,11 +60,12 @@ def upgrade_config(config):
     """A saved config.json["config"] (or protocol.json["base"]) in today's layout. Runs written
     before the objectives' settings were nested (TrainConfig.loss, #10) hold FLAT_LOSS_KEYS at
     the top; they move into "loss". Fields added since get the value older runs had
-    (ADDED_DEFAULTS, ADDED_LOSS_DEFAULTS, ADDED_MODEL_DEFAULTS). Returns a new dict; today's layout comes back
-    unchanged."""
+    (ADDED_DEFAULTS, ADDED_LOSS_DEFAULTS, ADDED_MODEL_DEFAULTS). Returns a new dict; today's
+    layout comes back unchanged."""
     flat = {k: config[k] for k in FLAT_LOSS_KEYS if k in config}
     rest = {k: v for k, v in config.items() if k not in flat}
-    upgraded = {**ADDED_DEFAULTS, **rest, "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
+    upgraded = {**ADDED_DEFAULTS, **rest,
+                "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
     if "model" in rest:
         upgraded["model"] = {**ADDED_MODEL_DEFAULTS, **rest["model"]}
     return upgraded
