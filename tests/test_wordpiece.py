@@ -284,3 +284,17 @@ def test_get_vocab_downloads_checks_and_reuses(tls_server, tls_cert, tmp_path, m
     assert bert_vocab.VOCAB_URL.startswith("https://huggingface.co/google-bert/bert-base-uncased"
                                            f"/resolve/{bert_vocab.VOCAB_REVISION}/")
     assert bert_vocab.VOCAB_SHA256 == BERT_SHA256
+
+
+def test_replicate_prints_the_encoders_size_and_results_md_names_the_tokenizer(capsys):
+    from minialign.machinery.experiment.protocol import Protocol
+    from minialign.machinery.experiment.report import tokenizer_words
+    from minialign.machinery.grid.replicate import print_encoder
+    from minialign.train import TrainConfig
+    base = TrainConfig(tokenizer="wordpiece", vocab="coco/v.txt")
+    print_encoder(Protocol(base=base), 30522)
+    assert capsys.readouterr().out == ("[replicate] encoder: 10,989,568 parameters (D=256, L=4, "
+                                       "wordpiece vocabulary of 30522)\n")
+    assert tokenizer_words({"tokenizer": "wordpiece", "vocab": "coco/v.txt"}) == \
+        "WordPiece tokenizer (`coco/v.txt`)"
+    assert tokenizer_words({}) == tokenizer_words({"tokenizer": "words"}) == "word tokenizer"
