@@ -61,7 +61,7 @@ test-oldest:        ## python -m pytest -q under the oldest supported numpy, in 
 CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \
 	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (COCO'"'"'s own val2017 captions work)' >&2; exit 2; }
 
-data:               ## one-time (internet): COCO captions, the 10,000-photo subset, its photos -> coco/
+data:               ## one-time (internet): COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos -> coco/
 	$(PY) -m minialign data
 
 embeddings: $(EMBEDDINGS)  ## one-time: DINOv2 embeddings of the subset's photos (make install-export first)

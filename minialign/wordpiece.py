@@ -163,7 +163,8 @@ def read_vocab(path) -> WordPieceTokenizer:
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not a UTF-8 vocabulary file ({err.reason})") from None
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such vocabulary file") from None
+        raise FileNotFoundError(f"{path}: no such vocabulary file (`make data` downloads "
+                                f"BERT's; or --tokenizer words)") from None
     if vocab and vocab[-1] == "":
         vocab.pop()                                          # the final newline ends no entry
     vocab = [v.removesuffix("\r") for v in vocab]

@@ -391,8 +391,8 @@ def run_grade(args):
 
 
 COMMANDS = {  # name: (help, add_args, run), in --help's order
-    "data": ("one-time: COCO 2017 captions, the replication's 10,000-photo subset and its "
-             "photos", add_data_args, run_data),
+    "data": ("one-time: COCO 2017 captions, the replication's 10,000-photo subset, BERT's "
+             "WordPiece vocabulary and the subset's photos", add_data_args, run_data),
     "train": ("train a text encoder with one objective on COCO captions", add_train_args,
               run_train),
     "bench": ("time training steps of each objective against numpy's GEMM peak",
