@@ -46,6 +46,7 @@ def test_basic_tokenize_by_hand():
     assert basic_tokenize("hot-dog $5 <a|b>") == ["hot", "-", "dog", "$", "5", "<", "a", "|",
                                                    "b", ">"]
     assert basic_tokenize("«the dogs' toys»") == ["«", "the", "dogs", "'", "toys", "»"]
+    assert basic_tokenize("a$b+c=d^e`f~g@h") == list("a$b+c=d^e`f~g@h")  # Sc Sm Sk, Po
     assert basic_tokenize("½ ²") == ["½", "²"]                        # No: not punctuation
     # CJK ideographs are words of their own; katakana and hangul are not CJK here
     assert basic_tokenize("東京タワー") == ["東", "京", "タワー"]
@@ -167,7 +168,7 @@ HARD = ["Crème Brûlée at the CAFÉ", "naïve Ångström İstanbul ﬁsh", "ho
         "a\x00b\tc\nd\re\x07f\u200bg\u200dh\ufffdi\x7fj", "", "   ", "\u2028x\u2029y\x85z\x0bw",
         "\ue000priv\U000f0000ate", "a\u0378b\U0010fffe", "tab\u00a0nbsp\u3000ideo",
         "«quotes» “curly” ‘single’ — dash … end", "ß ǅ ﬀ Σσς", "e\u0301", "🙂 emoji 👍🏽",
-        "unaffable playing", "٣ arabic ١٢", "½ ²", string.punctuation]
+        "unaffable playing", "٣ arabic ١٢", "½ ²", "हिन्दी मानक", string.punctuation]
 
 
 def test_ids_identical_to_bert_tokenizer_on_hand_written_cases(bert, bert_vocab):
