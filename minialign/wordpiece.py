@@ -38,6 +38,7 @@ def is_punctuation(ch: str) -> bool:
 
 
 def is_cjk(ch: str) -> bool:
+    """True for a CJK ideograph (CJK_RANGES), which BERT makes a word of its own."""
     return any(lo <= ord(ch) <= hi for lo, hi in CJK_RANGES)
 
 
@@ -45,7 +46,7 @@ def clean_char(ch: str) -> str:
     """One character of BERT's text cleaning: "" for NUL, U+FFFD and "other" characters
     (Unicode C*: control, format, private use, surrogate; tab, newline and carriage return are
     whitespace), but not unassigned ones (Cn), as Hugging Face's tokenizers (Google's first
-    release drops Cc and Cf only: the two agree on every COCO caption); " " for whitespace
+    release drops Cc and Cf only; COCO val2017's captions hold no Co, Cs or Cn); " " for whitespace
     (space, \\t, \\n, \\r, Unicode Zs); a CJK ideograph with a space either side; any other
     character as it is."""
     if ch in " \t\n\r" or unicodedata.category(ch) == "Zs":
@@ -73,7 +74,7 @@ def basic_tokenize(text: str) -> list[str]:
 
 def word_pieces(word: str, index: dict) -> list[str]:
     """Greedy longest-match-first split of one word into vocabulary entries (index: entry ->
-    id); "unaffable" -> ["un", "##aff", "##able"] in BERT's vocabulary. ["[UNK]"] if some
+    id); "skateboarder" -> ["skate", "##board", "##er"] in BERT's vocabulary. ["[UNK]"] if some
     position has no match or the word has more than MAX_WORD_CHARS characters."""
     if len(word) > MAX_WORD_CHARS:
         return [SPECIALS[1]]

@@ -154,6 +154,9 @@ def test_bert_file_ids_are_berts_but_the_five_specials(bert_vocab):
     moved = {1: 100, 2: 101, 3: 102, 4: 103, 100: 1, 101: 2, 102: 3, 103: 4}
     assert [bert_vocab.vocab[i] for i in moved] == [lines[j] for j in moved.values()]
     assert all(bert_vocab.vocab[i] == lines[i] for i in range(len(lines)) if i not in moved)
+    # the examples of wordpiece.py and docs/architecture.md
+    assert [bert_vocab.vocab[i] for i in bert_vocab.pieces("Skateboarder frisbees")] == \
+        ["skate", "##board", "##er", "fr", "##is", "##bee", "##s"]
 
 
 def bert_ids(bert, texts, ours):
