@@ -16,6 +16,17 @@ SEED       ?= 0
 LAYERS     ?= fast
 LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)$(LAYERS_SUFFIX)
+# The tokenizer of the runs on real captions (train, replicate, eta): wordpiece, BERT's uncased
+# vocabulary (30,522 entries: the replication's 10,989,568-parameter encoder; `make data`
+# downloads it to VOCAB), or TOKENIZER=words (a vocabulary of the training captions' words,
+# 4.66M parameters on the subset; results under a name ending in -words). The demo and the
+# synthetic world keep words: their ~100-word vocabulary is the world's (docs/architecture.md).
+TOKENIZER  ?= wordpiece
+VOCAB      ?= coco/bert-base-uncased-vocab.txt
+TOKENIZER_FLAGS = --tokenizer $(TOKENIZER) $(if $(filter wordpiece,$(TOKENIZER)),--vocab $(VOCAB))
+TOK_SUFFIX = $(if $(filter words,$(TOKENIZER)),-words)
+CHECK_VOCAB = @test "$(TOKENIZER)" != wordpiece || test -f "$(VOCAB)" || { echo '$(VOCAB): no \
+	such file; `make data` downloads BERT'"'"'s vocabulary, or pass TOKENIZER=words' >&2; exit 2; }
 
 .PHONY: install install-export test test-oldest data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
         eta eta-quick report scaling eta-scaling scaling-demo exercises grade
@@ -50,7 +61,7 @@ test-oldest:        ## python -m pytest -q under the oldest supported numpy, in 
 CHECK_CAPTIONS = @test -f "$(CAPTIONS)" || { echo '$(CAPTIONS): no such file; `make data` \
 	downloads the COCO captions and writes $(SUBSET), or pass CAPTIONS=path/to/captions_val2017.json (COCO'"'"'s own val2017 captions work)' >&2; exit 2; }
 
-data:               ## one-time (internet): COCO captions, the 10,000-photo subset, its photos -> coco/
+data:               ## one-time (internet): COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos -> coco/
 	$(PY) -m minialign data
 
 embeddings: $(EMBEDDINGS)  ## one-time: DINOv2 embeddings of the subset's photos (make install-export first)
@@ -66,9 +77,10 @@ RESUME     ?=
 FORCE      ?=
 train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME=1 | FORCE=1]
 	$(CHECK_CAPTIONS)
+	$(CHECK_VOCAB)
 	$(PY) -m minialign train --objective $(OBJECTIVE) --captions $(CAPTIONS) \
-	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) --out $(RUN) $(if $(RESUME),--resume) \
-	    $(if $(FORCE),--force)
+	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) $(TOKENIZER_FLAGS) --out $(RUN) \
+	    $(if $(RESUME),--resume) $(if $(FORCE),--force)
 
 # bench and bench-torch time a real COCO batch: the first captions file replicate-quick finds
 BENCH_CAPTIONS = $(if $(QUICK_CAPTIONS),--captions $(QUICK_CAPTIONS))
@@ -85,8 +97,8 @@ bench-torch:        ## minialign vs PyTorch eager (benchmarks/torch_step.py) on 
 # covariance (--anticollapse), into its own results directory (the name ends in -sigreg).
 ANTICOLLAPSE ?= vicreg
 AC_SUFFIX   = $(if $(filter sigreg,$(ANTICOLLAPSE)),-sigreg)$(LAYERS_SUFFIX)  # and -reference (LAYERS)
-RESULTS    ?= results/coco$(AC_SUFFIX)
-QUICK      ?= results/coco-quick$(AC_SUFFIX)
+RESULTS    ?= results/coco$(TOK_SUFFIX)$(AC_SUFFIX)
+QUICK      ?= results/coco-quick$(QUICK_TOK_SUFFIX)$(AC_SUFFIX)
 DEMO       ?= results/synthetic$(AC_SUFFIX)
 DEMO_WORLD ?= results/synthetic/world-v2
 
@@ -98,14 +110,17 @@ JOBS       ?=
 THREADS    ?=
 JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS)) $(if $(THREADS),--threads $(THREADS))
 REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
-	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) $(JOBS_FLAG)
+	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) $(TOKENIZER_FLAGS) \
+	$(JOBS_FLAG)
 
 replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-3 + per-objective lr search
 	$(CHECK_CAPTIONS)
+	$(CHECK_VOCAB)
 	$(PY) -m minialign replicate $(REPLICATE_ARGS)
 
 eta:                ## how long `make replicate` (same JOBS, IMAGE_EVAL) will take here; writes nothing
 	$(CHECK_CAPTIONS)
+	$(CHECK_VOCAB)
 	$(PY) -m minialign replicate $(REPLICATE_ARGS) --dry-run
 
 # The classroom version, 18-20 min measured on a busy 2-core machine (~5 min on a fast one;
@@ -121,16 +136,27 @@ QUICK_EMBEDDINGS ?= $(strip $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDI
 CHECK_QUICK = @test -n "$(QUICK_CAPTIONS)" || { echo 'no captions file: none of $(SUBSET), \
 	coco/annotations/captions_val2017.json, $(SHARED)/captions_val2017.json exists; \
 	`make data` creates one' >&2; exit 2; }
+# The tokenizer: replicate's (TOKENIZER) when its vocabulary is here (VOCAB, or the development
+# machine's copy beside the checkout), else words, said in one line.
+QUICK_VOCAB ?= $(if $(filter wordpiece,$(TOKENIZER)),$(firstword $(wildcard $(VOCAB) \
+                   $(SHARED)/../tokenizers/bert-base-uncased-vocab.txt)))
+QUICK_TOK_SUFFIX = $(if $(QUICK_VOCAB),,-words)
+NOTE_QUICK_VOCAB = @test -n "$(QUICK_VOCAB)" || echo 'replicate-quick: the word tokenizer \
+	($(if $(filter words,$(TOKENIZER)),TOKENIZER=words,no $(VOCAB): `make data` downloads it)), \
+	so not the replication'"'"'s 10,989,568-parameter encoder' >&2
 QUICK_ARGS = --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
 	--image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
 	--warmup-steps 20 --eval-every 50 --lr-search off --anticollapse $(ANTICOLLAPSE) \
-	--layers $(LAYERS) $(JOBS_FLAG)
+	--layers $(LAYERS) $(if $(QUICK_VOCAB),--tokenizer wordpiece --vocab $(QUICK_VOCAB)) \
+	$(JOBS_FLAG)
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
 	$(CHECK_QUICK)
+	$(NOTE_QUICK_VOCAB)
 	$(PY) -m minialign replicate $(QUICK_ARGS) --no-estimate
 
 eta-quick:          ## how long `make replicate-quick` will take here; writes nothing
 	$(CHECK_QUICK)
+	$(NOTE_QUICK_VOCAB)
 	$(PY) -m minialign replicate $(QUICK_ARGS) --dry-run
 
 # The grid on a SYNTHETIC world (no COCO needed; world v2, calibrated to COCO's caption

@@ -23,6 +23,9 @@ from .objectives import OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 
 
+TOKENIZERS = ("words", "wordpiece")   # words: the training captions' words; wordpiece: BERT's
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a run. Defaults = the replicated setting (3000 steps, 256 photos
@@ -40,6 +43,8 @@ class TrainConfig:
     split_seed: int = SPLIT_SEED    # photo split, independent of `seed`
     eval_every: int = 250
     min_count: int = 1              # a word enters the vocabulary after this many train uses
+    tokenizer: str = "words"        # "words" (tokenizer.py) | "wordpiece" (wordpiece.py)
+    vocab: str = ""                 # wordpiece: its vocabulary file; "" with words
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # masking rate, VICReg weights
 
@@ -48,6 +53,10 @@ class TrainConfig:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of "
                              f"{', '.join(sorted(OBJECTIVES))}")
+        if (self.tokenizer not in TOKENIZERS
+                or (self.vocab != "") != (self.tokenizer == "wordpiece")):
+            raise ValueError(f"tokenizer={self.tokenizer!r} with vocab={self.vocab!r}: choose "
+                             f"words (vocab '') or wordpiece with a vocabulary file")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", ModelConfig(**self.model))
         if isinstance(self.loss, dict):
@@ -91,7 +100,7 @@ def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
     # Lock `out`, then start, restart or continue the run there (checkpoint.open_run).
-    with open_run(out, cfg, force, resume, inputs=[cfg.captions]) as found:
+    with open_run(out, cfg, force, resume, inputs=[cfg.captions, cfg.vocab]) as found:
         if found in ("finished", "diverged"):
             return finished_run(out, cfg)
         return run(cfg, out, data, found == "checkpoint", progress, stop_after)

@@ -134,9 +134,16 @@ def zip_of(tmp_path_factory):
 
 
 def publish(monkeypatch, digest):
-    """Make a test zip's size and sha256 the published ones, as the command reads them."""
+    """Make a test zip's size and sha256 the published ones, as the command reads them; BERT's
+    vocabulary a file written in place (no network: tests/test_wordpiece.py fetches it)."""
+    from minialign.machinery.images import bert_vocab
     monkeypatch.setattr(coco, "ANNOTATIONS_SIZE", digest["zip_size"])
     monkeypatch.setattr(coco, "ANNOTATIONS_SHA256", digest["zip_sha256"])
+
+    def get_vocab(root, url, allow_http):
+        (Path(root) / bert_vocab.VOCAB_NAME).write_text("[PAD]\n")
+        return Path(root) / bert_vocab.VOCAB_NAME
+    monkeypatch.setattr(bert_vocab, "get_vocab", get_vocab)
 
 
 def test_annotations_extracted_verified_then_skipped(tmp_path, zip_of, fake_download, capsys):

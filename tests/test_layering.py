@@ -23,7 +23,7 @@ import minialign
 PKG = Path(minialign.__file__).parent
 LEVELS = {  # module: level; a module imports only modules of a lower level
     # the core
-    "losses": 0, "metrics": 0, "minialign": 0, "optim": 0, "tokenizer": 0, "layers": 1,
+    "losses": 0, "metrics": 0, "minialign": 0, "optim": 0, "tokenizer": 0, "layers": 1, "wordpiece": 1,
     "data": 2, "model": 5, "objectives": 6, "train": 10, "__main__": 20,
     # machinery/ and its folders' __init__.py
     "machinery": 0, "machinery.course": 0, "machinery.experiment": 0, "machinery.fastpath": 0,
@@ -42,6 +42,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     # images/
     "machinery.images.synthetic_v2": 0, "machinery.images.embeddings": 2,
     "machinery.images.download": 4, "machinery.images.photos": 6,
+    "machinery.images.bert_vocab": 6,
     "machinery.images.caption_stats": 9, "machinery.images.coco": 12,
     "machinery.images.scoring": 11, "machinery.images.evaluate": 12,
     "machinery.images.export": 12,
@@ -72,10 +73,11 @@ LAZY_IMPORTS = {
     ("machinery.images.export", "transformers"),
     ("machinery.images.coco", "machinery.images.download"),  # only `data` needs the network code
     ("machinery.images.coco", "machinery.images.photos"),
+    ("machinery.images.coco", "machinery.images.bert_vocab"),
     ("machinery.course.grade", "pytest"),                    # the [test] extra: only grading
 }
-CORE = ("minialign", "tokenizer", "data", "layers", "model", "losses", "optim", "metrics",
-        "objectives", "train", "__main__")
+CORE = ("minialign", "tokenizer", "wordpiece", "data", "layers", "model", "losses", "optim",
+        "metrics", "objectives", "train", "__main__")
 CORE_MACHINERY = {"model": {"machinery.fastpath.fast"},
                   "train": {"machinery.run.rundir", "machinery.run.checkpoint",
                             "machinery.run.files", "machinery.run.monitor"}}

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from .timing import bench
-from .images import caption_stats, coco, evaluate, export, photos, synthetic
+from .images import bert_vocab, caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import compare, report, rescore, scaling_report
 from .course import exercises, grade
 from .grid import replicate, scaling_run, slurm_runs
@@ -47,11 +47,12 @@ TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_d
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
                 "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
-                "mlp_ratio", "max_len", "layers")
+                "mlp_ratio", "max_len", "layers", "tokenizer", "vocab")
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
                     "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
-                    "sigreg_weight", "layers")
-BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
+                    "sigreg_weight", "layers", "tokenizer", "vocab")
+BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio",
+                "tokenizer", "vocab")
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -333,16 +334,21 @@ def add_data_args(p):
                    help="photos are fetched from this + the path of their coco_url, e.g. "
                         "train2017/000000000009.jpg (alternative: "
                         "https://s3.amazonaws.com/images.cocodataset.org/)")
+    p.add_argument("--vocab-url", default=bert_vocab.VOCAB_URL,
+                   help=f"where BERT's uncased WordPiece vocabulary (--tokenizer wordpiece) is "
+                        f"downloaded from, to ROOT/{bert_vocab.VOCAB_NAME}; checked: sha256 "
+                        f"{bert_vocab.VOCAB_SHA256}")
     p.add_argument("--allow-http", action="store_true",
-                   help="accept plain http:// URLs (unauthenticated) in --annotations-url and "
-                        "--images-url; the zip's sha256 is checked all the same")
+                   help="accept plain http:// URLs (unauthenticated) in --annotations-url, "
+                        "--images-url and --vocab-url; the zip's sha256 is checked all the same")
     p.add_argument("--force", action="store_true",
                    help="replace a subset file that was made with other settings")
 
 
 def run_data(args):
     coco.run_data(args.root, args.num_photos, args.seed, args.images, args.workers,
-                  args.annotations_url, args.force, args.images_url, args.allow_http)
+                  args.annotations_url, args.force, args.images_url, args.allow_http,
+                  args.vocab_url)
 
 
 def add_export_args(p):
@@ -399,8 +405,8 @@ def run_grade(args):
 
 
 COMMANDS = {  # name: (help, add_args, run), in --help's order
-    "data": ("one-time: COCO 2017 captions, the replication's 10,000-photo subset and its "
-             "photos", add_data_args, run_data),
+    "data": ("one-time: COCO 2017 captions, the replication's 10,000-photo subset, BERT's "
+             "WordPiece vocabulary and the subset's photos", add_data_args, run_data),
     "train": ("train a text encoder with one objective on COCO captions", add_train_args,
               run_train),
     "bench": ("time training steps of each objective against numpy's GEMM peak",

@@ -33,6 +33,13 @@ def cell(summary, pending):
     return fmt(summary["mean"]) + spread, ", ".join(fmt(v) for v in summary["values"])
 
 
+def tokenizer_words(base):
+    """The protocol line's tokenizer: "word tokenizer" or "WordPiece tokenizer (`FILE`)"."""
+    if base.get("tokenizer", "words") == "wordpiece":
+        return f"WordPiece tokenizer (`{base['vocab']}`)"
+    return "word tokenizer"
+
+
 def format_markdown(results):
     """results.md: the table, the difference, the lr search, the machine (deterministic)."""
     p, image, chance = results["protocol"], results["image"], results["chance"]
@@ -41,7 +48,7 @@ def format_markdown(results):
              f"{len(p['objectives'])} objectives x seeds {', '.join(map(str, p['seeds']))}: "
              f"{base['steps']} steps of {base['batch_photos']} photos (two captions each), "
              f"lr {base['lr']:g} for every objective, encoder D={model['d_model']} "
-             f"L={model['n_layers']}; captions `{base['captions']}`"
+             f"L={model['n_layers']}, {tokenizer_words(base)}; captions `{base['captions']}`"
              f"{' (SYNTHETIC world ' + results['world'] + ')' if results.get('world') else ''}"
              f". Test split; image metrics "
              f"are means over the 5 caption slots (R@1: caption -> image after an orthogonal "

@@ -30,6 +30,7 @@ A run's numbers depend on its --threads, not on --jobs. Before the grid, replica
 long it will take (estimate.py; --dry-run: only that).
 """
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from ... import train
 from . import estimate, jobs as jobs_
 from ..images import evaluate
 from ..experiment import report
+from ..experiment.scaling import count_params
 from ..images.embeddings import sha256_file
 from ..run.dirlock import DirLock
 from ..run.files import atomic_write_json
@@ -270,6 +272,15 @@ def finish_child(out, name, exitcode, tally, jobs, steps):
     print(f"{tally['tag']} {state}: {name} | {eta_line(tally, steps, jobs, busy)}", flush=True)
 
 
+def print_encoder(protocol, vocab_size):
+    """One line: the encoder's size, from its tokenizer's vocabulary (scaling.count_params)."""
+    model = protocol.base.model
+    size = count_params(dataclasses.replace(model, vocab_size=vocab_size))
+    print(f"[replicate] encoder: {size:,} parameters (D="
+          f"{model.d_model}, L={model.n_layers}, {protocol.base.tokenizer} vocabulary of "
+          f"{vocab_size})", flush=True)
+
+
 def run_replicate(protocol, args):
     """`python -m minialign replicate`: the estimate (unless --no-estimate), the grid, then
     results.md, results.json and figures; --dry-run: the estimate only, nothing written.
@@ -280,6 +291,7 @@ def run_replicate(protocol, args):
     emb = load_image_embeddings(args)
     check_scored_with(args, emb)
     jobs, threads, per_run_mb = estimate.choose_jobs(protocol, args, data["tokenizer"].vocab_size)
+    print_encoder(protocol, data["tokenizer"].vocab_size)
     del data
     if args.dry_run or not args.no_estimate:
         found = estimate.print_estimate(protocol, args.out, jobs,

@@ -294,14 +294,17 @@ def fetch_subset_images(subset, images_dir, workers=8, progress=None, images_url
 
 
 def run_data(root, num_photos, seed, images, workers, annotations_url, force,
-             images_url=None, allow_http=False):
-    """`python -m minialign data`: annotations -> subset -> its images; prints what to run next.
-    An http:// --annotations-url or --images-url is refused before anything is written unless
-    allow_http, which is then repeated in one line. One process at a time per --root
-    (dirlock.DirLock)."""
+             images_url=None, allow_http=False, vocab_url=None):
+    """`python -m minialign data`: annotations -> subset -> BERT's vocabulary (bert_vocab) ->
+    the subset's images; prints what to run next. An http:// --annotations-url, --images-url
+    or --vocab-url is refused before anything is written unless allow_http, which is then
+    repeated in one line. One process at a time per --root (dirlock.DirLock)."""
+    from .bert_vocab import VOCAB_URL, get_vocab
     from .download import refuse_http
+    vocab_url = vocab_url or VOCAB_URL
     refuse_http("--annotations-url", annotations_url, allow_http)
     refuse_http("--images-url", images_url, allow_http)
+    refuse_http("--vocab-url", vocab_url, allow_http)
     if allow_http:
         print("--allow-http: plain http:// URLs are used as given, and redirects to them "
               "followed (the zip is still checked against its published sha256 "
@@ -310,7 +313,7 @@ def run_data(root, num_photos, seed, images, workers, annotations_url, force,
         paths = get_annotations(root, annotations_url, allow_http=allow_http)
         subset = ensure_subset(paths["train"], subset_path(root, num_photos, seed),
                                num_photos, seed, force)
-        made = [paths["train"], paths["val"], subset]
+        made = [paths["train"], paths["val"], subset, get_vocab(root, vocab_url, allow_http)]
         if images:
             fetch_subset_images(subset, root / "train2017", workers, images_url=images_url,
                                 allow_http=allow_http)

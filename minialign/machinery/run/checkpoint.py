@@ -22,7 +22,7 @@ from .rundir import (CAPTION_FILE, CAPTIONS_DIR, CHECKPOINT, CONFIG, DIVERGED, L
                      RUN_FILES, read_metrics, read_run_config, read_run_info, upgrade_config,
                      write_metrics)
 
-INPUT_FILES = ("captions",)  # TrainConfig fields naming a file: a resume compares its bytes
+INPUT_FILES = ("captions", "vocab")  # TrainConfig fields naming a file: a resume compares bytes
 CHECKPOINT_SECONDS = 600   # train saves a checkpoint at every evaluation and at least this often
 
 

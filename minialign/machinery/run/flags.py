@@ -16,6 +16,7 @@ import math
 import re
 import sys
 
+DEFAULT_VOCAB = "coco/bert-base-uncased-vocab.txt"  # --vocab: where `make data` puts BERT's
 NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")   # argparse's own test of a value like -1
 
 
@@ -221,6 +222,11 @@ TRAIN_FLAGS = {
     "n_heads": ("attention heads, >= 1", positive_int),
     "mlp_ratio": ("MLP hidden width / D, >= 1", positive_int),
     "max_len": ("longest caption in tokens, BOS and EOS included, >= 3", int_at_least(3)),
+    "tokenizer": ("words (a vocabulary of the training captions' words, tokenizer.py) or "
+                  "wordpiece (BERT's uncased WordPiece, wordpiece.py, from --vocab)",
+                  one_of("words", "wordpiece")),                  # train.TOKENIZERS
+    "vocab": (f"--tokenizer wordpiece: its vocabulary file, one entry a line (default: "
+              f"{DEFAULT_VOCAB}, which `make data` downloads)", str),
     "layers": ("the layer set the model runs: fast (machinery/fastpath/fast.py) or reference "
                "(minialign/layers.py, the readable one; slower, same maths)",
                one_of("fast", "reference")),    # model.LAYER_SETS
@@ -248,6 +254,13 @@ def config_from_args(args, base, **fixed):
     `fixed`, e.g. objective=, captions=) replaced. Raises ValueError for fields that disagree
     (--d-model not divisible by --n-heads), before any file is read or written."""
     given = {k: v for k, v in vars(args).items() if k in TRAIN_FLAGS}
+    if given.get("tokenizer", base.tokenizer) == "wordpiece":      # --vocab: wordpiece's only
+        given["vocab"] = given.get("vocab") or base.vocab or DEFAULT_VOCAB
+    elif given.get("vocab"):
+        raise ValueError(f"--vocab {given['vocab']} is --tokenizer wordpiece's vocabulary; the "
+                         f"words tokenizer builds its own (pass --tokenizer wordpiece)")
+    elif "tokenizer" in given:
+        given["vocab"] = ""
     if "d_model" in given or "n_heads" in given:
         check_heads_divide_width(argparse.Namespace(**{**{"d_model": base.model.d_model,
                                                           "n_heads": base.model.n_heads}, **given}))

@@ -16,6 +16,7 @@ from ...metrics import collapse_stats, paraphrase_r_at_1
 from ...model import encode, param_count
 from ...objectives import CAUSAL
 from ...tokenizer import build_tokenizer, clean_caption
+from ...wordpiece import read_vocab
 from .files import read_coco_json, sha256_file
 from .rundir import (record_divergence, save_caption_embeddings, save_model,
                      write_training_metrics)
@@ -93,20 +94,23 @@ def load_coco_captions(path) -> Captions:
 
 
 def prepare(cfg):
-    """Captions -> split -> tokenizer (train captions only) -> token tables per split.
+    """Captions -> split -> tokenizer (cfg.tokenizer: words from the train captions only, or
+    wordpiece: the cfg.vocab file) -> token tables per split.
     Checks here every precondition that can fail before step 1 (it runs before the run
     directory is touched): the captions file (load_coco_captions), enough photos for the
     split, 2 <= batch_photos <= train photos; val and test photos all have >= 2 captions (the
     loader keeps no other photo), as the evaluation's paraphrase R@1 needs slots 0 and 1.
     Returns a dict with captions, split, tokenizer, tables {split: CaptionTable}, n_truncated.
-    Raises FileNotFoundError / ValueError, each message one line starting with cfg.captions."""
+    Raises FileNotFoundError / ValueError, each message one line starting with cfg.captions
+    (or cfg.vocab: read_vocab)."""
     captions = load_coco_captions(cfg.captions)
     try:
         split = split_photos(captions.image_ids, cfg.split_seed)
     except ValueError as err:               # "11 photos cannot give ...": say which file
         raise ValueError(f"{cfg.captions}: {err}") from None
     train_text = [c for i in split["train"] for c in captions.captions[i]]
-    tok = build_tokenizer(train_text, cfg.min_count)
+    tok = (read_vocab(cfg.vocab) if cfg.tokenizer == "wordpiece" else
+           build_tokenizer(train_text, cfg.min_count))
     tables, n_truncated = {}, 0
     for name, idx in split.items():
         tables[name], n = tokenize_photos(captions, idx, tok, cfg.model.max_len)
@@ -122,13 +126,15 @@ def prepare(cfg):
 
 def run_info(cfg, params, data):
     """config.json's "info": vocabulary, parameter counts, photos per split, caption stats, and
-    the captions file's sha256 (resume compares the file by it, not by how it is spelled)."""
+    the captions (and wordpiece's vocabulary) file's sha256 (resume compares the file by it,
+    not by how it is spelled)."""
     return {"vocab_size": cfg.model.vocab_size, "parameters": param_count(params),
             "embedding_parameters": int(params["tok_emb"].size),
             "captions_truncated": data["n_truncated"],
             "photos": {k: len(v) for k, v in data["split"].items()},
             "caption_stats": data["captions"].stats,
-            "captions_sha256": sha256_file(cfg.captions)}
+            "captions_sha256": sha256_file(cfg.captions),
+            **({"vocab_sha256": sha256_file(cfg.vocab)} if cfg.vocab else {})}
 
 
 def eval_tokens(table, slot):
@@ -232,7 +238,8 @@ def print_start(cfg, info):
     """The run's size: vocabulary, parameters, photos per split, captions truncated; and on
     stderr a warm-up that outlasts the run (here, once every input is checked and the run
     directory is locked: a refused command prints its error alone)."""
-    print(f"[{cfg.objective}] vocabulary {info['vocab_size']} words, {info['parameters']:,} "
+    unit = "WordPiece tokens" if cfg.tokenizer == "wordpiece" else "words"
+    print(f"[{cfg.objective}] vocabulary {info['vocab_size']} {unit}, {info['parameters']:,} "
           f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
           f"{info['photos']}, {info['captions_truncated']} captions truncated to "
           f"{cfg.model.max_len} tokens", flush=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ...tokenizer import Tokenizer
+from ...wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
 from .dirlock import LOCK_FILE
 from .files import atomic_savez, atomic_write_json, load_npz, read_json
 
@@ -38,6 +39,7 @@ FLAT_LOSS_KEYS = ("mask_rate", "sim_weight", "var_weight", "cov_weight",  # befo
 ADDED_LOSS_DEFAULTS = {"anticollapse": "vicreg", "sigreg_weight": 25.0 * 4 * 0.05 / 0.95,
                        "sigreg_directions": 256, "sigreg_t_max": 3.0, "sigreg_points": 17}
 ADDED_MODEL_DEFAULTS = {"layers": "fast"}   # ModelConfig.layers (#20): every older run was fast
+ADDED_DEFAULTS = {"tokenizer": "words", "vocab": ""}   # TrainConfig's (#29): older runs: words
 RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
 RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
 METRICS_KIND = "run metrics file (metrics.json)"  # for read_json's messages
@@ -59,11 +61,12 @@ def upgrade_config(config):
     """A saved config.json["config"] (or protocol.json["base"]) in today's layout. Runs written
     before the objectives' settings were nested (TrainConfig.loss, #10) hold FLAT_LOSS_KEYS at
     the top; they move into "loss". Fields added since get the value older runs had
-    (ADDED_LOSS_DEFAULTS, ADDED_MODEL_DEFAULTS). Returns a new dict; today's layout comes back
-    unchanged."""
+    (ADDED_DEFAULTS, ADDED_LOSS_DEFAULTS, ADDED_MODEL_DEFAULTS). Returns a new dict; today's
+    layout comes back unchanged."""
     flat = {k: config[k] for k in FLAT_LOSS_KEYS if k in config}
     rest = {k: v for k, v in config.items() if k not in flat}
-    upgraded = {**rest, "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
+    upgraded = {**ADDED_DEFAULTS, **rest,
+                "loss": {**ADDED_LOSS_DEFAULTS, **flat, **rest.get("loss", {})}}
     if "model" in rest:
         upgraded["model"] = {**ADDED_MODEL_DEFAULTS, **rest["model"]}
     return upgraded
@@ -188,15 +191,19 @@ def tokenizer_to_arrays(tok: Tokenizer) -> dict[str, np.ndarray]:
 
 def tokenizer_from_arrays(arrays) -> Tokenizer:
     """Inverse of tokenizer_to_arrays; arrays is a dict or the NpzFile from np.load
-    (allow_pickle=False works). Raises ValueError if the entry is missing, is not a 1-D
-    unicode array, or does not start with SPECIALS at their ids."""
+    (allow_pickle=False works): a WordPieceTokenizer if the vocabulary starts with its
+    specials ("[PAD]", ...), else a word Tokenizer. Raises ValueError if the entry is missing,
+    is not a 1-D unicode array, or does not start with either's specials at their ids."""
     if VOCAB_KEY not in arrays:
         raise ValueError(f"no {VOCAB_KEY!r} array among {sorted(arrays)}")
     vocab = np.asarray(arrays[VOCAB_KEY])
     if vocab.ndim != 1 or vocab.dtype.kind != "U":
         raise ValueError(f"{VOCAB_KEY} must be a 1-D unicode array, got shape {vocab.shape} "
                          f"dtype {vocab.dtype}")
-    return Tokenizer(vocab=tuple(str(w) for w in vocab))
+    vocab = tuple(str(w) for w in vocab)
+    if vocab[:len(WORDPIECE_SPECIALS)] == WORDPIECE_SPECIALS:
+        return WordPieceTokenizer(vocab=vocab)
+    return Tokenizer(vocab=vocab)
 
 
 def read_finished_config(run_dir):

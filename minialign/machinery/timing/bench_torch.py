@@ -51,7 +51,7 @@ TORCH_MODEL = {"d_model": 256, "n_layers": 4, "n_heads": 4, "mlp_ratio": 4}  # t
 TORCH_CAPTIONS = 512   # torch_step.B: its VICReg splits the batch at row 256
 PAIRS = 3
 THREADS = 2            # the targets are at 2 threads
-FIELDS = ("seed", "max_len")
+FIELDS = ("seed", "max_len", "tokenizer", "vocab")
 
 
 # ---------------------------------------------------------------- one side (child)
