@@ -37,7 +37,8 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.run.dirlock": 1, "machinery.run.machine": 2, "machinery.run.rundir": 2,
     "machinery.run.checkpoint": 4, "machinery.run.monitor": 8, "machinery.run.encoder": 12,
     # course/
-    "machinery.course.exercises": 0, "machinery.course.grade": 1,
+    "machinery.course.copy": 0, "machinery.course.child": 0, "machinery.course.exercises": 1,
+    "machinery.course.grade": 2, "machinery.course.classes": 3,
     # images/
     "machinery.images.synthetic_v2": 0, "machinery.images.embeddings": 2,
     "machinery.images.download": 4, "machinery.images.photos": 6,
@@ -70,10 +71,11 @@ LAZY_IMPORTS = {
     ("machinery.images.coco", "machinery.images.download"),  # only `data` needs the network code
     ("machinery.images.coco", "machinery.images.photos"),
     ("machinery.course.grade", "pytest"),                    # the [test] extra: only grading
+    ("machinery.course.child", "pytest"),                    # after the copy's own imports
 }
 CORE = ("minialign", "tokenizer", "data", "layers", "model", "losses", "optim", "metrics",
         "objectives", "train", "__main__")
-CORE_MACHINERY = {"model": {"machinery.fastpath.fast"},
+CORE_MACHINERY = {"model": {"machinery.fastpath", "machinery.fastpath.fast"},
                   "train": {"machinery.run.rundir", "machinery.run.checkpoint",
                             "machinery.run.files", "machinery.run.monitor"}}
 IMAGE_SIDE = {m for m in LEVELS if m.startswith("machinery.images.")}  # train never reaches it

@@ -15,12 +15,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import __file__ as package_file
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from .timing import bench
 from .images import caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import compare, report, scaling_report
-from .course import exercises, grade
+from . import fastpath
+from .course import classes, exercises, grade
+from .course import copy as course_copy
 from .grid import replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
 from .run.machine import available_cores, use_cores
@@ -364,24 +367,53 @@ def run_export(args):
 
 def add_exercises_args(p):
     p.add_argument("out", nargs="?", metavar="OUT",
-                   help="where the student copy goes: a new or empty directory")
+                   help="where the student copy goes: a new or empty directory outside the "
+                        "repository; with --restore, an existing copy")
     p.add_argument("--solved", nargs="+", type=positive_int, default=[], action=UniqueList,
                    metavar="N", help="exercises to leave solved in the copy, each once")
+    p.add_argument("--restore", nargs="+", type=positive_int, default=None, action=UniqueList,
+                   metavar="N", help="put the reference bodies of these exercises back into "
+                   "the existing copy OUT (the rest of it stays as it is)")
+    p.add_argument("--student", metavar="ID", help=f"the student's id, written to OUT/"
+                   f"{course_copy.STUDENT_FILE} (grade reads it)")
     p.add_argument("--list", action="store_true", help="only list the exercises, write nothing")
 
 
 def run_exercises(args):
-    exercises.run_exercises(args.out, args.solved, args.list)
+    exercises.run_exercises(args.out, args.solved, args.list, restore=args.restore,
+                            student=args.student)
 
 
 def add_grade_args(p):
     p.add_argument("numbers", nargs="*", type=positive_int, metavar="N",
                    help="exercises to grade (default: all)")
-    p.add_argument("--json", action="store_true", help="the rows, and every test's, as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="the copy, the student and the rows, every test's too, as JSON")
+    p.add_argument("--copy", metavar="DIR", help="the copy to grade (default: the one holding "
+                   "the working directory)")
+    p.add_argument("--tests", metavar="DIR", help="grade against the exercise tests in DIR "
+                   "(a teacher's own tests/ folder) instead of the copy's")
+    p.add_argument("--student", metavar="ID", help=f"the student's id in the header and JSON "
+                   f"(default: the copy's {course_copy.STUDENT_FILE})")
+    p.add_argument("--timeout", type=positive_float, default=grade.TIMEOUT, metavar="S",
+                   help="seconds one exercise's tests may run before its row says timed out")
+    p.add_argument("--class", dest="class_dir", metavar="DIR",
+                   help="grade every copy in DIR (each subfolder one student) into one CSV "
+                        "(--out), against --tests (default: this repository's tests)")
+    p.add_argument("--out", metavar="CSV", help="with --class: the CSV to write (default: "
+                   "DIR/grades.csv)")
+    p.add_argument("--points", metavar="FILE", help="with --class: the points of each "
+                   "exercise, lines 'exercise,points' (default: minialign/machinery/course/"
+                   "points.csv)")
 
 
 def run_grade(args):
-    grade.run_grade(args.numbers, args.json)
+    if args.class_dir is not None:
+        return classes.run_class(args.class_dir, args.numbers, args.tests, args.timeout,
+                                 args.out, args.points or classes.POINTS)
+    if args.out is not None or args.points is not None:
+        raise ValueError("--out, --points: only with --class DIR")
+    grade.run_grade(args.numbers, args.json, args.copy, args.tests, args.timeout, args.student)
 
 
 COMMANDS = {  # name: (help, add_args, run), in --help's order
@@ -423,10 +455,30 @@ def parser():
     return top
 
 
+TRAINING = ("train", "replicate", "scaling", "bench")   # what says which layer set a copy has
+
+
+def check_copy(command):
+    """Every command but grade (which finds its copy itself) and exercises (run from the
+    repository) refuses in one line when the working directory is in a copy whose minialign
+    is not the one imported (copy.check_imported). In a student copy, a training command says
+    first that it has the reference layers only; bench, which times the fast path against
+    them, refuses."""
+    if command not in ("grade", "exercises"):
+        course_copy.check_imported(Path(package_file))
+    if command in TRAINING and not fastpath.PRESENT:
+        if command == "bench":
+            raise ValueError("a student copy has no fast path to time (docs/course.md, \"What "
+                             "the student copy holds\"): run bench in the repository")
+        print(f"minialign {command}: student copy: reference layers (minialign/layers.py) only",
+              file=sys.stderr)
+
+
 def run_command(args):
     """COMMANDS[args.command]'s run; meanwhile SIGTERM raises jobs.Terminated, a
     KeyboardInterrupt, so it stops the clean way Ctrl-C does."""
     with sigterm_interrupts():
+        check_copy(args.command)
         if args.command in COMPUTING:
             use_threads(args)
         COMMANDS[args.command][2](args)
