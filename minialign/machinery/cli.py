@@ -22,7 +22,8 @@ from .timing import bench
 from .images import caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import compare, report, scaling_report
 from . import fastpath
-from .course import classes, exercises, grade
+from . import grading
+from .course import exercises, grade
 from .course import copy as course_copy
 from .grid import replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
@@ -371,49 +372,25 @@ def add_exercises_args(p):
                         "repository; with --restore, an existing copy")
     p.add_argument("--solved", nargs="+", type=positive_int, default=[], action=UniqueList,
                    metavar="N", help="exercises to leave solved in the copy, each once")
-    p.add_argument("--restore", nargs="+", type=positive_int, default=None, action=UniqueList,
-                   metavar="N", help="put the reference bodies of these exercises back into "
-                   "the existing copy OUT (the rest of it stays as it is)")
+    p.add_argument("--restore", nargs="+", default=None, metavar="N",
+                   help="put the reference bodies of exercises N ... back into the existing "
+                   "copy OUT (the rest of it stays as it is): --restore 1 4 OUT")
     p.add_argument("--student", metavar="ID", help=f"the student's id, written to OUT/"
                    f"{course_copy.STUDENT_FILE} (grade reads it)")
     p.add_argument("--list", action="store_true", help="only list the exercises, write nothing")
 
 
 def run_exercises(args):
-    exercises.run_exercises(args.out, args.solved, args.list, restore=args.restore,
-                            student=args.student)
-
-
-def add_grade_args(p):
-    p.add_argument("numbers", nargs="*", type=positive_int, metavar="N",
-                   help="exercises to grade (default: all)")
-    p.add_argument("--json", action="store_true",
-                   help="the copy, the student and the rows, every test's too, as JSON")
-    p.add_argument("--copy", metavar="DIR", help="the copy to grade (default: the one holding "
-                   "the working directory)")
-    p.add_argument("--tests", metavar="DIR", help="grade against the exercise tests in DIR "
-                   "(a teacher's own tests/ folder) instead of the copy's")
-    p.add_argument("--student", metavar="ID", help=f"the student's id in the header and JSON "
-                   f"(default: the copy's {course_copy.STUDENT_FILE})")
-    p.add_argument("--timeout", type=positive_float, default=grade.TIMEOUT, metavar="S",
-                   help="seconds one exercise's tests may run before its row says timed out")
-    p.add_argument("--class", dest="class_dir", metavar="DIR",
-                   help="grade every copy in DIR (each subfolder one student) into one CSV "
-                        "(--out), against --tests (default: this repository's tests)")
-    p.add_argument("--out", metavar="CSV", help="with --class: the CSV to write (default: "
-                   "DIR/grades.csv)")
-    p.add_argument("--points", metavar="FILE", help="with --class: the points of each "
-                   "exercise, lines 'exercise,points' (default: minialign/machinery/course/"
-                   "points.csv)")
-
-
-def run_grade(args):
-    if args.class_dir is not None:
-        return classes.run_class(args.class_dir, args.numbers, args.tests, args.timeout,
-                                 args.out, args.points or classes.POINTS)
-    if args.out is not None or args.points is not None:
-        raise ValueError("--out, --points: only with --class DIR")
-    grade.run_grade(args.numbers, args.json, args.copy, args.tests, args.timeout, args.student)
+    out, restore = args.out, args.restore
+    if restore and out is None and not restore[-1].isdigit():   # --restore 1 4 OUT
+        out, restore = restore[-1], restore[:-1]
+    if restore is not None:
+        bad = [n for n in restore if not (n.isdigit() and int(n) >= 1)]
+        if bad or not restore or len(set(restore)) < len(restore):
+            raise ValueError(f"--restore: exercise numbers >= 1, each once, then OUT; got "
+                             f"{' '.join(args.restore)}")
+        restore = [int(n) for n in restore]
+    exercises.run_exercises(out, args.solved, args.list, restore=restore, student=args.student)
 
 
 COMMANDS = {  # name: (help, add_args, run), in --help's order
@@ -439,7 +416,7 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
     "exercises": ("the course kit: a student copy of this repository with every exercise "
                   "blanked (docs/course.md)", add_exercises_args, run_exercises),
     "grade": ("the course kit: each exercise's own tests, one row per exercise",
-              add_grade_args, run_grade),
+              grading.add_grade_args, grading.run_grade),
 }
 
 
