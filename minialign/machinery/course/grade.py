@@ -190,7 +190,12 @@ def format_table(rows, seconds, copy, timeout=TIMEOUT, student=None, tests=None)
         needs = ", ".join(map(str, r["needs"])) or "-"
         lines.append(f"{r['number']:>2}  {r['title']:<{width}}  {r['status']:<11}  {err:>11}  "
                      f"{r['seconds']:>7.2f}  {needs}")
+    graded = {r["number"]: r["status"] for r in rows}
     for r in rows:
+        behind = [n for n in r["needs"] if graded.get(n, "passed") != "passed"]
+        if r["status"] == "failed" and behind:
+            lines.append(f"exercise {r['number']}: its tests also run exercise(s) "
+                         f"{', '.join(map(str, behind))}, not passed yet: fix those first")
         if r["detail"]:
             lines.append(f"exercise {r['number']}: {r['detail']}")
         if r["status"] == "timed out":
