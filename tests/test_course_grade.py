@@ -190,3 +190,18 @@ def test_make_grade_ends_quietly_and_strict_passes_the_exit_code_on(tmp_path):
                                                        f"empty directory\n")
     dry = subprocess.run(["make", "-n", "demo"], cwd=copy, capture_output=True, text=True)
     assert "--layers reference" in dry.stdout and "results/synthetic-reference" in dry.stdout
+
+
+def test_the_copy_is_found_from_a_subfolder_and_another_tree_is_named(tmp_path):
+    from minialign.machinery.course.copy import find_copy, mismatch
+    copy = tmp_path / "course"
+    (copy / "minialign").mkdir(parents=True)
+    (copy / "docs" / "deep").mkdir(parents=True)
+    (copy / "pyproject.toml").write_text("")
+    (copy / "minialign" / "__init__.py").write_text("")
+    assert find_copy(copy / "docs" / "deep") == copy.resolve()
+    assert find_copy(tmp_path) is None
+    assert mismatch(copy, copy / "minialign" / "__init__.py") is None
+    assert mismatch(copy, ROOT / "minialign" / "__init__.py") == (
+        f"this is the copy {copy}, but Python imports minialign from {ROOT / 'minialign'}; run "
+        f"it from {copy} itself (cd {copy}), or `pip install -e {copy}`")
