@@ -114,6 +114,8 @@ def test_the_copy_is_the_repository_with_only_the_bodies_blanked(copy):
     assert os.access(copy / ".ci" / "run", os.X_OK)       # modes are kept
 
 
+@pytest.mark.skipif(not (ROOT / LEFT_OUT[-1]).is_file(), reason="the repository's check: a "
+                    "student copy holds none of the files it leaves out")
 def test_the_copy_leaves_out_the_fast_path_and_the_teachers_files(copy):
     left = [rel for rel in repository_files(ROOT) if left_out(rel)]
     assert "minialign/machinery/fastpath/fast_layers.py" in left
@@ -162,8 +164,7 @@ def test_the_copy_runs_help_and_names_the_exercise_a_command_reaches(copy, tmp_p
                   str(tmp_path / "run"), "--steps", "2", "--d-model", "16", "--n-heads", "2",
                   "--n-layers", "1", "--batch-photos", "16", "--eval-every", "2"], copy)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines()[0] == ("minialign train: student copy: reference layers "
-                                             "(minialign/layers.py) only")
+    assert "student copy: reference layers (minialign/layers.py) only" in result.stdout.splitlines()
     line = result.stderr.splitlines()[-1]
     m = re.fullmatch(r"minialign train: exercise (\d+) \((.+)\) is not done yet: see "
                      r"docs/course\.md#exercise-\1; `python -m minialign grade \1` checks it", line)

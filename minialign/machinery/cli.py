@@ -432,23 +432,16 @@ def parser():
     return top
 
 
-TRAINING = ("train", "replicate", "scaling", "bench")   # what says which layer set a copy has
-
-
 def check_copy(command):
     """Every command but grade (which finds its copy itself) and exercises (run from the
     repository) refuses in one line when the working directory is in a copy whose minialign
-    is not the one imported (copy.check_imported). In a student copy, a training command says
-    first that it has the reference layers only; bench, which times the fast path against
-    them, refuses."""
+    is not the one imported (copy.check_imported). In a student copy, bench, which times the
+    fast path against the reference layers, refuses."""
     if command not in ("grade", "exercises"):
         course_copy.check_imported(Path(package_file))
-    if command in TRAINING and not fastpath.PRESENT:
-        if command == "bench":
-            raise ValueError("a student copy has no fast path to time (docs/course.md, \"What "
-                             "the student copy holds\"): run bench in the repository")
-        print(f"minialign {command}: student copy: reference layers (minialign/layers.py) only",
-              file=sys.stderr)
+    if command == "bench" and not fastpath.PRESENT:
+        raise ValueError("a student copy has no fast path to time (docs/course.md, \"What the "
+                         "student copy holds\"): run bench in the repository")
 
 
 def run_command(args):
