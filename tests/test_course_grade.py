@@ -205,3 +205,20 @@ def test_the_copy_is_found_from_a_subfolder_and_another_tree_is_named(tmp_path):
     assert mismatch(copy, ROOT / "minialign" / "__init__.py") == (
         f"this is the copy {copy}, but Python imports minialign from {ROOT / 'minialign'}; run "
         f"it from {copy} itself (cd {copy}), or `pip install -e {copy}`")
+
+
+def test_a_dict_comparison_shows_what_differs_not_a_truncated_repr(tmp_path):
+    """--tests: a teacher's own tests folder (here one test of exercise 3 comparing dicts)."""
+    copy = tmp_path / "course"
+    write_student_copy(copy, ROOT, solved=[3])
+    (tmp_path / "teacher" / "tests").mkdir(parents=True)
+    (tmp_path / "teacher" / "tests" / "test_exercises.py").write_text(
+        "import pytest\n\n\n@pytest.mark.exercise3\ndef test_dict():\n"
+        "    got = {f'key{i}': i for i in range(30)}\n"
+        "    assert got == dict(got, key7=8, key21=0)\n")
+    result = run(["grade", "3", "--tests", str(tmp_path / "teacher" / "tests")], copy)
+    line = next(l for l in result.stdout.splitlines() if l.startswith("exercise 3, test_dict"))
+    assert " ... / Differing items: / {'key" in line, line          # in either order:
+    assert "{'key7': 7} != {'key7': 8}" in line and "{'key21': 21} != {'key21': 0}" in line
+    assert line.endswith(" (at tests/test_exercises.py:7, in test_dict)"), line
+    assert "'key29'" not in line and "Common items" not in line

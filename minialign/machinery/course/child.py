@@ -30,6 +30,7 @@ from pathlib import Path
 
 MARKER = re.compile(r"^exercise(\d+): (.+?)(?: \(needs ([\d, ]+)\))?$")   # pyproject's markers
 EXPLAINED = 6    # lines of an assertion's explanation kept after its first line
+SHORT = 160      # characters of a long first line kept when an explanation follows
 
 
 def where(frames, copy, tests=None):
@@ -47,6 +48,18 @@ def where(frames, copy, tests=None):
     return found.get("code") or found.get("test")
 
 
+def explanation(lines):
+    """The lines of pytest's assertion explanation (-vv: never truncated) worth a row: what
+    differs, what one side has more of; not the items in common, nor the full diff."""
+    kept, skipping = [], False
+    for line in lines:
+        if line.endswith(":") and line[:1].isalpha():              # a section's header
+            skipping = line.startswith(("Common items", "Full diff", "Omitting"))
+        if not skipping and not line.startswith(("Use -v", "...")):
+            kept.append(line)
+    return kept[:EXPLAINED]
+
+
 def describe(err, copy, tests=None):
     """One failure as the grader shows it: 'Type: message (at file:line, in function)'; a
     SyntaxError: 'SyntaxError at minialign/metrics.py:188: message'."""
@@ -54,11 +67,10 @@ def describe(err, copy, tests=None):
         path = Path(err.filename).resolve()
         shown = path.relative_to(copy).as_posix() if copy in path.parents else err.filename
         return f"SyntaxError at {shown}:{err.lineno}: {err.msg}"
-    lines = [l for l in str(err).splitlines() if l.strip()] or [""]
-    keep = [lines[0]] + [l for l in lines[1:EXPLAINED + 1]
-                         if not l.lstrip().startswith(("Use -v", "Full diff", "..."))]
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()] or [""]
+    first = lines[0] if len(lines) == 1 or len(lines[0]) <= SHORT else lines[0][:SHORT] + " ..."
     at = where(traceback.extract_tb(err.__traceback__), copy, tests)
-    text = f"{type(err).__name__}: " + " / ".join(s.strip() for s in keep)
+    text = f"{type(err).__name__}: " + " / ".join([first] + explanation(lines[1:]))
     return f"{text} (at {at})" if at else text
 
 
