@@ -1,16 +1,14 @@
-"""One exercise's tests, in a process of their own (grade.py starts one per exercise, with a
-time limit), importing the copy's minialign and no other:
+"""Exercises' tests in a process of their own (grade.py starts it, and again for the rest after
+an exercise that hung or ended the process), importing the copy's minialign and no other:
 
-    python child.py COPY TESTS_FILE CONFIG N MODULE OUT TIMEOUT
+    python child.py COPY TESTS_FILE CONFIG OUT TIMEOUT N:MODULE ...
 
 COPY: the copy graded (its minialign/ is imported, whatever else is installed); TESTS_FILE:
 the exercise tests (the copy's, or a teacher's --tests); CONFIG: the pyproject.toml pytest
-reads its markers from; N: the exercise; MODULE: its file, "minialign/layers.py"; OUT: where
-the JSON record goes; TIMEOUT: seconds the tests may run (faulthandler then writes every
-thread's stack to OUT.hang and ends the process: the parent reads where it hung from it):
-
-    {"package": where minialign was imported from, "import_error": a line or null,
-     "tests": {test: {outcome, seconds, rel_err, failed_err, message}}, "needs": [M, ...]}
+reads its markers from; OUT: where the JSON record goes (main says what it holds); TIMEOUT:
+seconds one exercise's tests may run (faulthandler then writes every thread's stack to
+OUT.hang and ends the process: the parent reads where it hung from it); N:MODULE: each
+exercise and its file, "4:minialign/layers.py".
 
 A module of the copy that does not import is replaced by a stand-in that raises its error when
 used, so the tests of the other exercises still collect and run; N's own module not importing
@@ -117,31 +115,54 @@ def import_copy(copy):
 
 
 class Collector:
-    """Per test: outcome, seconds, rel_err (largest recorded), failed_err (the last one recorded
-    in a failing test: the check that failed), message; per exercise, the marker's needs."""
+    """Per test: its exercise, outcome, seconds, rel_err (largest recorded), failed_err (the
+    last one recorded in a failing test: the check that failed), message; per exercise, the
+    marker's needs and the seconds its tests took. Before each test it writes the record to
+    `out` with "running": the test's exercise, and gives faulthandler that exercise's time left
+    (dump every stack to `hang`, then end the process): a test that never ends is then one
+    exercise's timeout, and the parent knows which."""
 
-    def __init__(self, copy, tests):
-        self.copy, self.file, self.tests, self.needs = copy, tests, {}, {}
+    def __init__(self, copy, tests, record, out, hang, timeout):
+        self.copy, self.file, self.record, self.out = copy, tests, record, out
+        self.hang, self.timeout, self.spent, self.started = hang, timeout, {}, None
 
     def pytest_configure(self, config):
         for line in config.getini("markers"):
             m = MARKER.match(line)
             if m:
-                self.needs[int(m[1])] = [int(n) for n in re.findall(r"\d+", m[3] or "")]
+                self.record["needs"][m[1]] = [int(n) for n in re.findall(r"\d+", m[3] or "")]
 
-    def record(self, nodeid):
-        return self.tests.setdefault(nodeid.split("::", 1)[-1], {
-            "outcome": "passed", "seconds": 0.0, "rel_err": None, "failed_err": None,
-            "message": ""})
+    def test(self, nodeid):
+        return self.record["tests"].setdefault(nodeid.split("::", 1)[-1], {
+            "exercise": None, "outcome": "passed", "seconds": 0.0, "rel_err": None,
+            "failed_err": None, "message": ""})
+
+    def pytest_runtest_protocol(self, item, nextitem):
+        numbers = [int(m.name[len("exercise"):]) for m in item.iter_markers()
+                   if re.fullmatch(r"exercise\d+", m.name)]
+        number = numbers[0] if numbers else None
+        self.test(item.nodeid)["exercise"] = number
+        self.record["running"] = number
+        write(self.out, self.record)
+        left = self.timeout - self.spent.get(number, 0.0)
+        faulthandler.dump_traceback_later(max(left, 1e-3), exit=True, file=self.hang)
+        self.started = (number, time.perf_counter())
+        return None                                  # pytest's own protocol runs the test
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        faulthandler.cancel_dump_traceback_later()
+        number, t0 = self.started
+        self.spent[number] = self.spent.get(number, 0.0) + time.perf_counter() - t0
+        self.record["running"] = None
 
     def pytest_runtest_makereport(self, item, call):
         if call.excinfo is not None and call.excinfo.errisinstance(Exception):   # not a skip
-            test = self.record(item.nodeid)
+            test = self.test(item.nodeid)
             test["message"] = test["message"] or describe(call.excinfo.value, self.copy,
                                                           self.file)
 
     def pytest_runtest_logreport(self, report):
-        test = self.record(report.nodeid)
+        test = self.test(report.nodeid)
         test["seconds"] += report.duration
         errs = [float(v) for k, v in report.user_properties if k == "rel_err"]
         if errs:
@@ -155,33 +176,42 @@ class Collector:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.record("collection")["outcome"] = "failed"
-            self.tests["collection"]["message"] = str(report.longrepr).strip().splitlines()[-1]
+            self.record["collection_error"] = str(report.longrepr).strip().splitlines()[-1]
 
 
-def main(copy, tests, config, number, module, out, timeout):
+def write(out, record):
+    """The record, whole (written then renamed: the parent never reads half of one)."""
+    Path(f"{out}.partial").write_text(json.dumps(record))
+    Path(f"{out}.partial").replace(out)
+
+
+def main(copy, tests, config, out, timeout, *exercises):
+    """exercises: "N:minialign/module.py" each. Writes {"package", "import_errors" {N: line},
+    "tests" {name: {exercise, outcome, ...}}, "needs" {N: [M]}, "running": N or None,
+    "done": bool} to out."""
     copy, tests = Path(copy).resolve(), Path(tests).resolve()
-    record = {"package": None, "import_error": None, "tests": {}, "needs": []}
+    record = {"package": None, "import_errors": {}, "tests": {}, "needs": {}, "running": None,
+              "done": False}
     package, errors = import_copy(copy)
     record["package"] = str(Path(package).resolve().parent)
-    own = f"minialign.{Path(module).stem}"
-    if Path(package).resolve().parent != copy / "minialign":
-        pass                                         # the parent refuses, naming both
-    elif own in errors:
-        record["import_error"] = errors[own]
-    else:
-        import pytest
-        collector = Collector(copy, tests)
-        t0 = time.perf_counter()
-        hang = open(f"{out}.hang", "w")
-        faulthandler.dump_traceback_later(float(timeout), exit=True, file=hang)
-        pytest.main([str(tests), "-vv", "--tb=no", "-p", "no:cacheprovider", "--rootdir",
-                     str(Path(config).parent), "-c", str(config), "-m", f"exercise{number}"],
-                    plugins=[collector])
-        faulthandler.cancel_dump_traceback_later()
-        record.update(tests=collector.tests, needs=collector.needs.get(int(number), []),
-                      seconds=time.perf_counter() - t0)
-    Path(out).write_text(json.dumps(record))
+    numbers = []
+    for given in exercises:
+        number, module = given.split(":", 1)
+        own = f"minialign.{Path(module).stem}"
+        if own in errors:
+            record["import_errors"][number] = errors[own]
+        else:
+            numbers.append(number)
+    if numbers and Path(package).resolve().parent == copy / "minialign":   # else: the parent
+        import pytest                                                       # refuses
+        with open(f"{out}.hang", "w") as hang:
+            collector = Collector(copy, tests, record, out, hang, float(timeout))
+            pytest.main([str(tests), "-vv", "--tb=no", "-p", "no:cacheprovider", "--rootdir",
+                         str(Path(config).parent), "-c", str(config),
+                         "-m", " or ".join(f"exercise{n}" for n in numbers)],
+                        plugins=[collector])
+    record["done"] = True
+    write(out, record)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ Exercise N's tests are the tests of tests/test_exercises.py marked `exercise<N>`
 exerciseN runs them alone); pyproject.toml registers each marker with its title and the
 earlier exercises its tests call, e.g. "exercise5: attention backward (needs 1)".
 
-Each exercise runs in a process of its own (child.py), started in the copy graded (copy.py:
-the copy holding the working directory, or --copy) and importing that copy's minialign only,
-with a time limit (--timeout): a file that does not import, a loop that never ends or a crash
-stays in its own rows, and the other exercises are graded. A row reads
+The tests run in processes of their own (child.py), started in the copy graded (copy.py: the
+copy holding the working directory, or --copy) and importing that copy's minialign only, each
+exercise with a time limit (--timeout): a file that does not import, a loop that never ends or
+a crash stays in its own rows (after a hang or a crash a new process runs the rest), and the
+other exercises are graded. A row reads
 
     N  title  status  largest relative error  seconds  needs
 
@@ -72,14 +73,13 @@ def tests_file(copy, tests=None):
     return path, config if config.is_file() else copy / "pyproject.toml"
 
 
-def run_child(copy, tests, config, exercise, timeout):
-    """One exercise's tests in child.py's process. Returns its record (child.py), or
-    {"timed_out": where it hung} when its tests ran past `timeout` seconds (or its imports
-    past STARTUP more)."""
+def run_child(copy, tests, config, exercises, timeout):
+    """The tests of `exercises` in one child.py process. Returns (its record or None when it
+    wrote none, its hang dump, its output's last line)."""
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "record.json", Path(tmp) / "output.txt"
-        argv = [sys.executable, str(CHILD), str(copy), str(tests), str(config),
-                str(exercise.number), exercise.path, str(out), str(timeout)]
+        argv = [sys.executable, str(CHILD), str(copy), str(tests), str(config), str(out),
+                str(timeout), *(f"{e.number}:{e.path}" for e in exercises)]
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",   # no __pycache__ left in the copy
                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}     # the exercise tests need no plugin
         env.pop("PYTHONPATH", None)                  # the copy's minialign, nothing else
@@ -87,19 +87,49 @@ def run_child(copy, tests, config, exercise, timeout):
             child = subprocess.Popen(argv, cwd=copy, env=env, stdin=subprocess.DEVNULL,
                                      stdout=output, stderr=subprocess.STDOUT)
             try:
-                child.wait(timeout + STARTUP)
-            except subprocess.TimeoutExpired:        # hung before its tests began
+                child.wait(timeout * len(exercises) + STARTUP)
+            except subprocess.TimeoutExpired:        # hung outside any test: importing
                 child.kill()
                 child.wait()
-                return {"timed_out": "before its tests began (importing the copy)", "tests": {}}
         hang = Path(f"{out}.hang")
-        if not out.is_file() and hang.is_file() and hang.stat().st_size:
-            return {"timed_out": hung_at(hang.read_text(errors="replace"), copy), "tests": {}}
-        if not out.is_file():                        # it died: say how, in its last line
-            last = (log.read_text(errors="replace").strip().splitlines()
-                    or [f"exit code {child.returncode}"])[-1]
-            return {"import_error": f"the grader's process stopped: {last}", "tests": {}}
-        return json.loads(out.read_text())
+        last = (log.read_text(errors="replace").strip().splitlines()
+                or [f"exit code {child.returncode}"])[-1]
+        return (json.loads(out.read_text()) if out.is_file() else None,
+                hang.read_text(errors="replace") if hang.is_file() else "", last)
+
+
+def run_exercises(copy, tests, config, exercises, timeout):
+    """{number: {"tests", "needs", and "import_error" or "timed_out" when so}} for exercises,
+    and the package the copy's processes imported. One process runs them all; when an
+    exercise's tests hang (or end the process), it gets its row and a new process runs the
+    others again."""
+    results, package, todo = {}, None, list(exercises)
+    while todo:
+        record, dump, last = run_child(copy, tests, config, todo, timeout)
+        if record is None:                           # it died before its first test
+            for e in todo:
+                results[e.number] = {"import_error": f"the grader's process stopped: {last}"}
+            break
+        package = record["package"]
+        stuck = None if record["done"] else record["running"]
+        for e in todo:
+            if e.number == stuck:
+                results[e.number] = ({"timed_out": hung_at(dump, copy)} if dump.strip() else
+                                     {"import_error": f"the process running its tests "
+                                                      f"stopped: {last}"})
+            elif record["done"] or stuck is None:
+                results[e.number] = {"import_error": record["import_errors"][str(e.number)]} \
+                    if str(e.number) in record["import_errors"] else {"tests": {
+                        k: t for k, t in record["tests"].items() if t["exercise"] == e.number}}
+            if e.number in results:
+                results[e.number].setdefault("tests", {})
+                results[e.number]["needs"] = record["needs"].get(str(e.number), [])
+        if stuck is None and not record["done"]:     # it stopped between two tests
+            for e in todo:
+                results.setdefault(e.number, {"import_error": f"the grader's process "
+                                                              f"stopped: {last}", "tests": {}})
+        todo = [e for e in todo if e.number not in results]
+    return results, package
 
 
 def hung_at(dump, copy):
@@ -130,7 +160,7 @@ def status(number, record):
     return ("failed" if any(t["outcome"] == "failed" for t in tests) else "passed"), None
 
 
-def row(exercise, record, seconds):
+def row(exercise, record):
     """One row of the table (and of --json) from an exercise's child record."""
     state, detail = status(exercise.number, record)
     tests = [dict(t, test=name) for name, t in record["tests"].items()]
@@ -143,13 +173,14 @@ def row(exercise, record, seconds):
         errs = []
     return {"number": exercise.number, "title": exercise.title, "path": exercise.path,
             "status": state, "detail": detail, "hung": record.get("timed_out"), "rel_err": max(errs) if errs else None,
-            "seconds": seconds, "needs": record.get("needs", []), "tests": tests}
+            "seconds": sum(t["seconds"] for t in tests), "needs": record.get("needs", []),
+            "tests": tests}
 
 
 def grade(numbers=None, copy=None, tests=None, timeout=TIMEOUT, jobs=None):
     """Grade exercises `numbers` (None: all) of the copy (resolve_copy) against its tests or
-    those of --tests, each in its own process, `jobs` at a time (default: the cores, at most
-    4). Returns (copy, rows): one row per exercise (row). Raises ValueError naming the two
+    those of --tests, in `jobs` processes at once (default: the cores, at most 4), each
+    exercise with `timeout` seconds (run_exercises). Returns (copy, rows): one row per exercise (row). Raises ValueError naming the two
     trees when the copy's processes import another minialign than the copy's."""
     copy = resolve_copy(copy)
     known = {e.number: e for e in find_exercises(copy)}
@@ -163,18 +194,16 @@ def grade(numbers=None, copy=None, tests=None, timeout=TIMEOUT, jobs=None):
     except ImportError:
         raise ImportError("grading runs pytest: pip install -e '.[test]'") from None
 
-    def one(n):
-        t0 = time.perf_counter()
-        record = run_child(copy, path, config, known[n], timeout)
-        return record, time.perf_counter() - t0
     jobs = jobs or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else os.cpu_count() or 1)
-    with ThreadPoolExecutor(jobs) as pool:
-        records = list(pool.map(one, numbers))
-    for record, _ in records:
-        if record.get("package") and mismatch(copy, Path(record["package"]) / "__init__.py"):
-            raise ValueError(mismatch(copy, Path(record["package"]) / "__init__.py"))
-    return copy, [row(known[n], record, s) for n, (record, s) in zip(numbers, records)]
+    chunks = [[known[n] for n in numbers[i::jobs]] for i in range(min(jobs, len(numbers)))]
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        done = list(pool.map(lambda c: run_exercises(copy, path, config, c, timeout), chunks))
+    results = {n: r for found, _ in done for n, r in found.items()}
+    for _, package in done:
+        if package and mismatch(copy, Path(package) / "__init__.py"):
+            raise ValueError(mismatch(copy, Path(package) / "__init__.py"))
+    return copy, [row(known[n], results[n]) for n in numbers]
 
 
 def format_table(rows, seconds, copy, timeout=TIMEOUT, student=None, tests=None):
@@ -207,8 +236,8 @@ def format_table(rows, seconds, copy, timeout=TIMEOUT, student=None, tests=None)
     statuses = ["passed", "failed", "not started"] + sorted(
         {r["status"] for r in rows} - {"passed", "failed", "not started"})
     counts = ", ".join(f"{sum(r['status'] == s for r in rows)} {s}" for s in statuses)
-    lines.append(f"{len(rows)} exercise(s): {counts}, in {seconds:.1f} s; each exercise in its "
-                 f"own process, at most {timeout:g} s (--timeout) "
+    lines.append(f"{len(rows)} exercise(s): {counts}, in {seconds:.1f} s; each exercise's "
+                 f"tests at most {timeout:g} s (--timeout) "
                  f"(one alone: python -m minialign grade N, or pytest -m exerciseN)")
     return "\n".join(lines)
 
