@@ -176,7 +176,8 @@ class Collector:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.record["collection_error"] = str(report.longrepr).strip().splitlines()[-1]
+            last = str(report.longrepr).strip().splitlines()[-1]
+            self.record["collection_error"] = re.sub(r"^E\s+", "", last)   # pytest's E marker
 
 
 def write(out, record):

@@ -122,6 +122,9 @@ def run_exercises(copy, tests, config, exercises, timeout):
                     if str(e.number) in record["import_errors"] else {"tests": {
                         k: t for k, t in record["tests"].items() if t["exercise"] == e.number}}
             if e.number in results:
+                if not results[e.number].get("tests") and record.get("collection_error"):
+                    results[e.number] = {"import_error": f"{Path(tests).name} does not "
+                                                         f"collect: {record['collection_error']}"}
                 results[e.number].setdefault("tests", {})
                 results[e.number]["needs"] = record["needs"].get(str(e.number), [])
         if stuck is None and not record["done"]:     # it stopped between two tests
@@ -172,7 +175,8 @@ def row(exercise, record):
     else:
         errs = []
     return {"number": exercise.number, "title": exercise.title, "path": exercise.path,
-            "status": state, "detail": detail, "hung": record.get("timed_out"), "rel_err": max(errs) if errs else None,
+            "status": state, "detail": detail, "hung": record.get("timed_out"),
+            "rel_err": max(errs) if errs else None,
             "seconds": sum(t["seconds"] for t in tests), "needs": record.get("needs", []),
             "tests": tests}
 
