@@ -222,3 +222,18 @@ def test_a_dict_comparison_shows_what_differs_not_a_truncated_repr(tmp_path):
     assert "{'key7': 7} != {'key7': 8}" in line and "{'key21': 21} != {'key21': 0}" in line
     assert line.endswith(" (at tests/test_exercises.py:7, in test_dict)"), line
     assert "'key29'" not in line and "Common items" not in line
+
+
+def test_tests_that_do_not_collect_give_each_row_their_error(tmp_path):
+    copy = tmp_path / "course"
+    write_student_copy(copy, ROOT, solved=[3])
+    (tmp_path / "teacher" / "tests").mkdir(parents=True)
+    (tmp_path / "teacher" / "tests" / "test_exercises.py").write_text(
+        "import pytest\nfrom minialign.layers import no_such_name\n\n\n"
+        "@pytest.mark.exercise3\ndef test_x():\n    pass\n")
+    result = run(["grade", "1", "3", "--tests", str(tmp_path / "teacher" / "tests")], copy)
+    assert result.returncode == 1
+    for n in (1, 3):
+        assert (f"exercise {n}: error: test_exercises.py does not collect: ImportError: cannot "
+                f"import name 'no_such_name' from 'minialign.layers' "
+                f"({copy / 'minialign' / 'layers.py'})") in result.stdout.splitlines()
