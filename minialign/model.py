@@ -77,7 +77,7 @@ class ModelConfig:
         """Raises ValueError naming the field and its valid range."""
         if self.layers == "fast" and not fastpath.PRESENT:
             raise ValueError(STUDENT_COPY_LAYERS)
-        check_fields(self, choices={"layers": tuple(LAYER_SETS)},
+        check_fields(self, choices={"layers": ("fast", "reference")},   # LAYER_SETS' names
                      integers={"vocab_size": len(SPECIALS), "max_len": MIN_MAX_LEN, "d_model": 1,
                                "n_layers": 1, "n_heads": 1, "mlp_ratio": 1})
         if self.d_model % self.n_heads:

@@ -211,6 +211,9 @@ def add_bench_args(p):
 
 def run_bench(args):
     cfg = config_from_args(args, TrainConfig(), captions=args.captions)  # before any child
+    if not fastpath.PRESENT:
+        raise ValueError("a student copy has no fast path to time (docs/course.md, \"What the "
+                         "student copy holds\"): run bench in the repository")
     use_threads(args)
     return bench.run_bench(args, cfg)
 
@@ -435,13 +438,9 @@ def parser():
 def check_copy(command):
     """Every command but grade (which finds its copy itself) and exercises (run from the
     repository) refuses in one line when the working directory is in a copy whose minialign
-    is not the one imported (copy.check_imported). In a student copy, bench, which times the
-    fast path against the reference layers, refuses."""
+    is not the one imported (copy.check_imported)."""
     if command not in ("grade", "exercises"):
         course_copy.check_imported(Path(package_file))
-    if command == "bench" and not fastpath.PRESENT:
-        raise ValueError("a student copy has no fast path to time (docs/course.md, \"What the "
-                         "student copy holds\"): run bench in the repository")
 
 
 def run_command(args):
