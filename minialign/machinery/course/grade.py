@@ -177,7 +177,8 @@ def row(exercise, record):
     return {"number": exercise.number, "title": exercise.title, "path": exercise.path,
             "status": state, "detail": detail, "hung": record.get("timed_out"),
             "rel_err": max(errs) if errs else None,
-            "seconds": sum(t["seconds"] for t in tests), "needs": record.get("needs", []),
+            "seconds": sum(t["seconds"] for t in tests) if tests else None,    # none ran to the end
+            "needs": record.get("needs", []),
             "tests": tests}
 
 
@@ -221,8 +222,9 @@ def format_table(rows, seconds, copy, timeout=TIMEOUT, student=None, tests=None)
     for r in rows:
         err = f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-"
         needs = ", ".join(map(str, r["needs"])) or "-"
+        took = "-" if r["seconds"] is None else f"{r['seconds']:.2f}"
         lines.append(f"{r['number']:>2}  {r['title']:<{width}}  {r['status']:<11}  {err:>11}  "
-                     f"{r['seconds']:>7.2f}  {needs}")
+                     f"{took:>7}  {needs}")
     graded = {r["number"]: r["status"] for r in rows}
     for r in rows:
         behind = [n for n in r["needs"] if graded.get(n, "passed") != "passed"]
