@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import layers
-from .machinery.fastpath import fast   # the fast set: layers.py's names over the fast path
+from .machinery import fastpath
+if fastpath.PRESENT:               # a student copy has no fast path (docs/course.md)
+    from .machinery.fastpath import fast   # the fast set: layers.py's names over the fast path
 from .tokenizer import PAD, SPECIALS
 
 INIT_STD = 0.02  # N(0, 0.02^2) for every weight matrix and embedding (GPT-2, Radford et al. 2019)
@@ -29,7 +31,10 @@ MIN_MAX_LEN = 3  # the shortest max_len that holds BOS, one word and EOS (tokeni
 # one block's parameters; blocks.{i}.<name> in the dicts (block_keys)
 BLOCK_PARAMS = ("ln1.gamma", "ln1.beta", "attn.w_qkv", "attn.b_qkv", "attn.w_o", "attn.b_o",
                 "ln2.gamma", "ln2.beta", "mlp.w_in", "mlp.b_in", "mlp.w_out", "mlp.b_out")
-LAYER_SETS = {"fast": fast, "reference": layers}  # ModelConfig.layers -> the module encode calls
+LAYER_SETS = {"fast": fast, "reference": layers} if fastpath.PRESENT else {"reference": layers}
+DEFAULT_LAYERS = "fast" if fastpath.PRESENT else "reference"  # ModelConfig.layers' default
+STUDENT_COPY_LAYERS = ("layers=fast: a student copy has no fast path (docs/course.md, \"What the "
+                       "student copy holds\"); it trains minialign/layers.py: --layers reference")
 RANGES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,       # check_fields' number ranges
           "in [0, 1]": lambda v: 0 <= v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
 
@@ -66,11 +71,13 @@ class ModelConfig:
     n_layers: int = 4           # L
     n_heads: int = 4            # H (D must divide by H)
     mlp_ratio: int = 4          # F = mlp_ratio * D
-    layers: str = "fast"        # "fast" (machinery/fastpath/fast.py) | "reference" (layers.py)
+    layers: str = DEFAULT_LAYERS  # "fast" (machinery/fastpath/fast.py) | "reference" (layers.py)
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range."""
-        check_fields(self, choices={"layers": tuple(LAYER_SETS)},
+        if self.layers == "fast" and not fastpath.PRESENT:
+            raise ValueError(STUDENT_COPY_LAYERS)
+        check_fields(self, choices={"layers": ("fast", "reference")},   # LAYER_SETS' names
                      integers={"vocab_size": len(SPECIALS), "max_len": MIN_MAX_LEN, "d_model": 1,
                                "n_layers": 1, "n_heads": 1, "mlp_ratio": 1})
         if self.d_model % self.n_heads:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from minialign.machinery import fastpath
 from minialign.machinery.run.blasenv import one_blas_thread
 
 # Before any test imports numpy: its BLAS on one thread, as `python -m minialign` sets it
@@ -15,6 +16,10 @@ one_blas_thread(os.environ, [])
 # to a process or its group): Windows has no such signals (docs/platforms.md)
 POSIX_SIGNALS = pytest.mark.skipif(os.name == "nt", reason="sends POSIX signals, which Windows "
                                                            "does not have")
+# a test of the fast path (minialign/machinery/fastpath/), or of numbers recorded on it: a
+# student copy has none (docs/course.md, "What the student copy holds")
+NEEDS_FAST_PATH = pytest.mark.skipif(not fastpath.PRESENT, reason="a student copy has no fast "
+                                     "path (docs/course.md, What the student copy holds)")
 SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"  # beside the checkout
 REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"
 

@@ -25,7 +25,11 @@ def numerical_grad(f, x, eps=1e-6):
 
 
 def rel_err(a, b):
-    """Largest absolute difference relative to the largest entry of either array."""
+    """Largest absolute difference relative to the largest entry of either array. Raises
+    AssertionError naming both shapes when a (what was computed) and b (what it should be)
+    differ in shape: no broadcasting hides a transposed or summed-away result."""
+    if np.shape(a) != np.shape(b):
+        raise AssertionError(f"shape {np.shape(a)}, expected {np.shape(b)}")
     return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), 1e-12)
 
 
@@ -44,7 +48,8 @@ def layer_errors(forward, backward, inputs, dy_shape, rng):
     assert len(grads) <= len(names), f"{len(grads)} gradients for float inputs {names}"
     errors = {}
     for name, analytic in zip(names, grads):
-        assert analytic.shape == inputs[name].shape, f"d{name}: shape {analytic.shape}"
+        assert np.shape(analytic) == inputs[name].shape, \
+            f"d{name}: shape {np.shape(analytic)}, expected {inputs[name].shape} (as {name}'s)"
         errors[name] = rel_err(analytic, numerical_grad(loss, inputs[name]))
     return errors
 

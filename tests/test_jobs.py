@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import POSIX_SIGNALS
+from conftest import NEEDS_FAST_PATH, POSIX_SIGNALS
 from minialign import train
 from minialign.machinery import cli
 from minialign.machinery.grid import estimate, jobs, replicate
@@ -79,6 +79,7 @@ def test_run_seconds_and_grid_estimate_by_hand(tmp_path):
 
 
 # ---------------------------------------------------------------- memory and the default N
+@NEEDS_FAST_PATH                      # the fast set's memory, the default's
 def test_run_memory_by_hand():
     cfg = train.TrainConfig()                          # 256 photos, D=256, L=4, F=1024
     # tokens n = 2 x 256 x 13.5 = 6912; activations 6912 x 256 x (4 x 86 + 104) B

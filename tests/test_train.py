@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import NEEDS_FAST_PATH
 from minialign.model import ModelConfig
 from minialign.machinery.images.synthetic import write_world
 from minialign.machinery.run.encoder import embed_captions, load_model
@@ -183,6 +184,7 @@ def flatten_saved_config(run):
     return saved["config"]
 
 
+@NEEDS_FAST_PATH                      # an old run's config: the fast set, the default then
 def test_upgrade_config_moves_the_flat_keys_into_loss():
     from minialign.machinery.run.rundir import upgrade_config
     now = json.loads(json.dumps(dataclasses.asdict(TrainConfig(loss={"mask_rate": 0.5}))))

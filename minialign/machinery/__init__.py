@@ -11,9 +11,11 @@ in folders named for what they are (docs/architecture.md has the map):
   experiment/  what a grid is (protocol, scaling sizes) and what it reports (report, figures,
                baselines, speed, compare, scaling_report)
   grid/        running a grid: replicate, jobs, estimate, slurm, slurm_runs, scaling_run
+  grading.py   `grade`'s command line, which __main__ runs without cli.py (a student copy's
+               own files may not import)
   cli.py       the command line, every sub-command; imports all of the above
 
 Imports point one way, down, folder by folder (tests/test_layering.py): fastpath < run, course
-< images, timing < experiment < grid < cli.py, and the machinery above the core, but for the
-two places the core reaches in (model -> fastpath.fast; train -> run's run-directory helpers).
+< images, timing < experiment < grid < grading.py < cli.py, and the machinery above the core, but for the
+two places the core reaches in (model -> fastpath.fast, absent in a student copy; train -> run's run-directory helpers).
 """

@@ -15,12 +15,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import __file__ as package_file
 from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from .timing import bench
 from .images import bert_vocab, caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import compare, report, rescore, scaling_report
+from . import fastpath
+from . import grading
 from .course import exercises, grade
+from .course import copy as course_copy
 from .grid import replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
 from .run.machine import available_cores, use_cores
@@ -209,6 +213,9 @@ def add_bench_args(p):
 
 def run_bench(args):
     cfg = config_from_args(args, TrainConfig(), captions=args.captions)  # before any child
+    if not fastpath.PRESENT:
+        raise ValueError("a student copy has no fast path to time (docs/course.md, \"What the "
+                         "student copy holds\"): run bench in the repository")
     use_threads(args)
     return bench.run_bench(args, cfg)
 
@@ -384,24 +391,29 @@ def run_export(args):
 
 def add_exercises_args(p):
     p.add_argument("out", nargs="?", metavar="OUT",
-                   help="where the student copy goes: a new or empty directory")
+                   help="where the student copy goes: a new or empty directory outside the "
+                        "repository; with --restore, an existing copy")
     p.add_argument("--solved", nargs="+", type=positive_int, default=[], action=UniqueList,
                    metavar="N", help="exercises to leave solved in the copy, each once")
+    p.add_argument("--restore", nargs="+", default=None, metavar="N",
+                   help="put the reference bodies of exercises N ... back into the existing "
+                   "copy OUT (the rest of it stays as it is): --restore 1 4 OUT")
+    p.add_argument("--student", metavar="ID", help=f"the student's id, written to OUT/"
+                   f"{course_copy.STUDENT_FILE} (grade reads it)")
     p.add_argument("--list", action="store_true", help="only list the exercises, write nothing")
 
 
 def run_exercises(args):
-    exercises.run_exercises(args.out, args.solved, args.list)
-
-
-def add_grade_args(p):
-    p.add_argument("numbers", nargs="*", type=positive_int, metavar="N",
-                   help="exercises to grade (default: all)")
-    p.add_argument("--json", action="store_true", help="the rows, and every test's, as JSON")
-
-
-def run_grade(args):
-    grade.run_grade(args.numbers, args.json)
+    out, restore = args.out, args.restore
+    if restore and out is None and not restore[-1].isdigit():   # --restore 1 4 OUT
+        out, restore = restore[-1], restore[:-1]
+    if restore is not None:
+        bad = [n for n in restore if not (n.isdigit() and int(n) >= 1)]
+        if bad or not restore or len(set(restore)) < len(restore):
+            raise ValueError(f"--restore: exercise numbers >= 1, each once, then OUT; got "
+                             f"{' '.join(args.restore)}")
+        restore = [int(n) for n in restore]
+    exercises.run_exercises(out, args.solved, args.list, restore=restore, student=args.student)
 
 
 COMMANDS = {  # name: (help, add_args, run), in --help's order
@@ -427,7 +439,7 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
     "exercises": ("the course kit: a student copy of this repository with every exercise "
                   "blanked (docs/course.md)", add_exercises_args, run_exercises),
     "grade": ("the course kit: each exercise's own tests, one row per exercise",
-              add_grade_args, run_grade),
+              grading.add_grade_args, grading.run_grade),
 }
 
 
@@ -443,10 +455,19 @@ def parser():
     return top
 
 
+def check_copy(command):
+    """Every command but grade (which finds its copy itself) and exercises (run from the
+    repository) refuses in one line when the working directory is in a copy whose minialign
+    is not the one imported (copy.check_imported)."""
+    if command not in ("grade", "exercises"):
+        course_copy.check_imported(Path(package_file))
+
+
 def run_command(args):
     """COMMANDS[args.command]'s run; meanwhile SIGTERM raises jobs.Terminated, a
     KeyboardInterrupt, so it stops the clean way Ctrl-C does."""
     with sigterm_interrupts():
+        check_copy(args.command)
         if args.command in COMPUTING:
             use_threads(args)
         COMMANDS[args.command][2](args)

@@ -22,11 +22,14 @@ and every other byte the same (the two comments stay, so the student sees where 
 `python -m minialign grade` (grade.py) runs each exercise's tests; restore_solutions puts the
 working bodies back into a copy. The numbers 1..N, each once, are the teaching order.
 """
+import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from .copy import STUDENT_FILE, is_copy, left_out
 
 START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")      # opens exercise N
 END = re.compile(r"^( *)# --- end of exercise (\d+) ---$")        # closes it
@@ -149,20 +152,41 @@ def repository_files(root=ROOT):
                               for part in p.relative_to(root).parts))
 
 
-def write_student_copy(out, root=ROOT, solved=()):
-    """Copy the repository at root into `out` (new or empty), every exercise but those in
-    `solved` blanked (blank). Raises ValueError, before writing anything, if out is a file or
-    a directory with something in it. Returns (exercises, number of files written)."""
-    out, root = Path(out), Path(root)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+def check_out(out, root=ROOT):
+    """Raise ValueError, one line, unless `out` can become a student copy: a new or empty
+    directory, not a file, not below a file, not a dangling link, not inside the repository."""
+    out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"{out}: a symbolic link to {os.readlink(out)}, which does not exist; "
+                         f"give a new or empty directory")
+    above = next((p for p in out.absolute().parents if p.exists() and not p.is_dir()), None)
+    if above is not None:
+        raise ValueError(f"{out}: {above} is a file, not a directory; the student copy needs "
+                         f"a new or empty directory")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: is a file; the student copy needs a new or empty directory")
+    here, repo = out.resolve(), Path(root).resolve()
+    if here == repo or repo in here.parents:
+        raise ValueError(f"{out}: inside the repository {repo}; the student copy goes outside "
+                         f"it, e.g. {repo.parent / 'course'}")
+    if out.is_dir() and any(out.iterdir()):
         raise ValueError(f"{out}: not empty; the student copy needs a new or empty directory")
+
+
+def write_student_copy(out, root=ROOT, solved=(), student=None):
+    """Copy the repository at root into `out` (check_out), every exercise but those in
+    `solved` blanked (blank), without what a copy leaves out (copy.LEFT_OUT); `student`: the
+    id written to its copy.STUDENT_FILE. Raises ValueError before writing anything. Returns
+    (exercises, number of files written)."""
+    out, root = Path(out), Path(root)
+    check_out(out, root)
     exercises = find_exercises(root)
     unknown = sorted(set(solved) - {e.number for e in exercises})
     if unknown:
         raise ValueError(f"--solved: no exercise {', '.join(map(str, unknown))} "
                          f"(there are 1..{len(exercises)})")
     marked = {e.path for e in exercises}
-    files = repository_files(root)
+    files = [rel for rel in repository_files(root) if not left_out(rel)]
     for rel in files:
         src, dst = root / rel, out / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -171,19 +195,30 @@ def write_student_copy(out, root=ROOT, solved=()):
             shutil.copymode(src, dst)
         else:
             shutil.copy2(src, dst)
+    if student:
+        (out / STUDENT_FILE).write_text(f"{student}\n", encoding="utf-8")
     return exercises, len(files)
 
 
 def restore_solutions(copy, root=ROOT, numbers=None):
     """Put the working bodies of the exercises in `numbers` (None: all) from the repository at
     root back into the student copy at `copy` (splice), leaving the rest of it as it is.
-    Returns the paths rewritten."""
-    paths = sorted({e.path for e in find_exercises(root)})
-    for rel in paths:
-        mine = Path(copy) / rel
-        text = splice(mine.read_bytes().decode("utf-8"),
-                      (Path(root) / rel).read_bytes().decode("utf-8"), rel, numbers)
-        mine.write_bytes(text.encode("utf-8"))
+    Raises ValueError (before writing) if copy is no copy or a number is no exercise. Returns
+    the paths rewritten."""
+    if not is_copy(copy):
+        raise ValueError(f"{copy}: no student copy there (pyproject.toml and "
+                         f"minialign/__init__.py)")
+    exercises = find_exercises(root)
+    unknown = sorted(set(numbers or ()) - {e.number for e in exercises})
+    if unknown:
+        raise ValueError(f"--restore: no exercise {', '.join(map(str, unknown))} "
+                         f"(there are 1..{len(exercises)})")
+    paths = sorted({e.path for e in exercises if numbers is None or e.number in numbers})
+    texts = {rel: splice((Path(copy) / rel).read_bytes().decode("utf-8"),
+                         (Path(root) / rel).read_bytes().decode("utf-8"), rel, numbers)
+             for rel in paths}                      # every file spliced before any is written
+    for rel, text in texts.items():
+        (Path(copy) / rel).write_bytes(text.encode("utf-8"))
     return paths
 
 
@@ -216,17 +251,25 @@ def format_list(exercises):
                      for e in exercises)
 
 
-def run_exercises(out, solved=(), list_only=False, root=ROOT):
+def run_exercises(out, solved=(), list_only=False, root=ROOT, restore=None, student=None):
     """`python -m minialign exercises OUT`: write the student copy, say what it holds and what
-    comes next; --list: only print the exercises."""
+    comes next; --restore N ...: put those reference bodies back into the copy OUT; --list:
+    only print the exercises."""
     if list_only:
         print(format_list(find_exercises(root)))
         return
     if out is None:
         raise ValueError("say where the student copy goes: python -m minialign exercises OUT "
                          "(make exercises OUT=...)")
-    exercises, n_files = write_student_copy(out, root, solved)
+    if restore is not None:
+        if solved or student:
+            raise ValueError("--restore: alone (not with --solved or --student)")
+        paths = restore_solutions(out, root, restore)
+        print(f"restored exercise(s) {', '.join(map(str, sorted(restore)))} in {out} "
+              f"({', '.join(paths)})")
+        return
+    exercises, n_files = write_student_copy(out, root, solved, student)
     blanked = [e for e in exercises if e.number not in solved]
     print(f"wrote {out}: {n_files} files, {len(blanked)} of {len(exercises)} exercises blanked "
-          f"({DOCS} says what each teaches)")
+          f"({DOCS} says what each teaches)" + (f", student {student}" if student else ""))
     print(f"next: cd {out} && pip install -e '.[test]' && make grade")

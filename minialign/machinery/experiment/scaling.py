@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ...model import ModelConfig
+from ...model import DEFAULT_LAYERS, ModelConfig
 
 WIDTHS = (64, 128, 256, 512)
 DEPTHS = (2, 4, 8)
@@ -39,7 +39,7 @@ def sweep_sizes(widths=WIDTHS, depths=DEPTHS, grid="plus", center=CENTER):
     return tuple(sorted(sizes, key=lambda s: (s[0] * s[0] * s[1], s)))
 
 
-def size_config(d_model, n_layers, vocab_size, max_len, layers="fast"):
+def size_config(d_model, n_layers, vocab_size, max_len, layers=DEFAULT_LAYERS):
     """The ModelConfig of one sweep point: D = d_model, L = n_layers, H = max(1, D // 64),
     F = 4 D, on the layer set `layers`. Raises ValueError (ModelConfig's) for a D that H does
     not divide."""

@@ -10,4 +10,10 @@
 Read minialign/layers.py first: every function here has its reference there. May import only
 numpy and the core's layers (and losses through it); the model imports `fast` in one place
 (model.layer_set). docs/performance.md says why each choice was made.
+
+A student copy (docs/course.md, "What the student copy holds") has rows.py only: PRESENT is
+False there, and the model runs minialign/layers.py.
 """
+from pathlib import Path
+
+PRESENT = (Path(__file__).parent / "fast.py").is_file()   # False in a student copy

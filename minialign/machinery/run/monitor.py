@@ -17,6 +17,7 @@ from ...model import encode, param_count
 from ...objectives import CAUSAL
 from ...tokenizer import build_tokenizer, clean_caption
 from ...wordpiece import read_vocab
+from .. import fastpath
 from .files import read_coco_json, sha256_file
 from .rundir import (record_divergence, save_caption_embeddings, save_model,
                      write_training_metrics)
@@ -25,6 +26,7 @@ EVAL_BATCH = 500     # captions per forward pass when embedding evaluation capti
 EVAL_SLOTS = 5       # caption slots embedded per photo (COCO has >= 5 for almost every photo)
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: saved caption embeddings must fit
 PLAIN_LOG_EVERY = 50  # steps between progress lines when stderr is not a terminal
+STUDENT_COPY = "student copy: reference layers (minialign/layers.py) only"   # no fast path
 PLAIN_LOG_SECONDS = 60  # ... or seconds, whichever comes first (a slow step: a line a minute)
 
 
@@ -243,6 +245,8 @@ def print_start(cfg, info):
           f"parameters ({info['embedding_parameters']:,} in the token embedding), photos "
           f"{info['photos']}, {info['captions_truncated']} captions truncated to "
           f"{cfg.model.max_len} tokens", flush=True)
+    if not fastpath.PRESENT:
+        print(STUDENT_COPY, flush=True)
     if cfg.warmup_steps >= cfg.steps:
         print(f"warning: --warmup-steps {cfg.warmup_steps} >= --steps {cfg.steps}: the learning "
               f"rate never reaches its peak {cfg.lr}", file=sys.stderr, flush=True)
