@@ -188,7 +188,7 @@ def test_a_json_that_is_no_summary_and_a_missing_directory(tmp_path, capsys):
 
 # ---------------------------------------------------------------- the docs' table
 TABLE = """\
-D=64, 1 block(s), 500 steps of 256 photos, lr 0.00316 for the seed grid, `--layers fast`, \
+D=64, 1 block, 500 steps of 256 photos, lr 0.00316 for the seed grid, `--layers fast`, \
 commit `abc1234`; test split, mean ± sample std (ddof 1) over seeds 0, 1, 2 and each seed's value:
 
 | row | mutual-kNN@10 | per seed | R@1, caption -> image | per seed | paraphrase R@1 |
@@ -217,10 +217,10 @@ def test_the_table_goes_between_the_markers_and_nowhere_else(tmp_path, capsys):
     page.write_text(f"# Title\n\ntext\n{agreement.BEGIN}\nold table\n{agreement.END}\nafter\n")
     source = write(tmp_path, "s.json", summary(REPO))
     assert main(["compare", source, "--table", "--write", str(page)]) == 0
-    assert page.read_text() == (f"# Title\n\ntext\n{agreement.BEGIN}\n{TABLE}{agreement.END}\n"
-                                f"after\n")
+    assert page.read_text() == (f"# Title\n\ntext\n{agreement.BEGIN}\n{TABLE}\n{agreement.END}"
+                                f"\nafter\n")
     assert agreement.table_in(page) == TABLE
-    capsys.readouterr()
+    assert capsys.readouterr().out == TABLE + f"\nwrote the table into {page}\n"
     page.write_text("no markers\n")
     assert main(["compare", source, "--table", "--write", str(page)]) == 2
     assert f"{page}: needs the line" in capsys.readouterr().err

@@ -108,9 +108,12 @@ def format_table(summary):
     p, keys = summary["protocol"], summary["metrics"]
     base, model = p["base"], p["base"]["model"]
     image = "mutual_knn" in keys
-    lines = [f"D={model['d_model']}, {model['n_layers']} block(s), {base['steps']} steps of "
+    blocks = f"{model['n_layers']} block" + "s" * (model["n_layers"] > 1)
+    head, _, rest = (summary.get("commit") or "unknown").partition(" ")
+    lines = [f"D={model['d_model']}, {blocks}, {base['steps']} steps of "
              f"{base['batch_photos']} photos, lr {base['lr']:g} for the seed grid, "
-             f"`--layers {model['layers']}`, commit `{summary['commit']}`; test split, mean ± "
+             f"`--layers {model['layers']}`, commit `{head[:12]}`{' ' + rest if rest else ''}; "
+             f"test split, mean ± "
              f"sample std (ddof 1) over seeds {', '.join(map(str, p['seeds']))} and each "
              f"seed's value:", "",
              "| row | mutual-kNN@10 | per seed | R@1, caption -> image | per seed "
@@ -147,16 +150,17 @@ def marked(page):
 
 
 def table_in(page):
-    """The text between the markers of `page` (ValueError without them)."""
+    """The text between the markers of `page`, without the blank line that ends the table
+    (ValueError without the markers)."""
     lines, begin, end = marked(page)
-    return "".join(lines[begin + 1:end])
+    return "".join(lines[begin + 1:end]).removesuffix("\n\n") + "\n"
 
 
 def write_table(page, text):
-    """Put `text` between the markers of `page` in place of what is there (atomic; ValueError,
-    before writing, without the markers)."""
+    """Put `text` and a blank line (the end of the table for Markdown) between the markers of
+    `page`, in place of what is there (atomic; ValueError, before writing, without them)."""
     lines, begin, end = marked(page)
-    atomic_write_bytes(page, "".join(lines[:begin + 1] + [text] + lines[end:]).encode())
+    atomic_write_bytes(page, "".join(lines[:begin + 1] + [text, "\n"] + lines[end:]).encode())
 
 
 # ---------------------------------------------------------------- the check
@@ -260,7 +264,7 @@ def run(args):
         text = format_table(load(args.source))
         if args.write:
             write_table(args.write, text)
-        print(text + (f"\nwrote the table into {args.write}" if args.write else ""), end="")
+        print(text + (f"\nwrote the table into {args.write}\n" if args.write else ""), end="")
         return text
     mine, ref = load(args.source), load(args.against)
     names = (args.source, args.against)
