@@ -167,14 +167,17 @@ def test_the_layer_set_and_the_captions_spelling_may_differ_not_the_world(tmp_pa
 
 @pytest.mark.parametrize("argv, said", [
     (["--write", "page.md"], "--write: only with --table"),
+    (["--table", "--write", "page.md"], "page.md: no such file (--write: the page"),
     (["--export", "out.json"], "{mine}: --export needs a results directory"),
     (["--against", "nowhere.json"], "nowhere.json: no such file"),
+    (["--against", "{tmp}/notes.md"], "{tmp}/notes.md: neither a results directory nor a "),
 ])
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, said):
     mine = write(tmp_path, "mine.json", summary(REPO))
-    assert main(["compare", mine, *argv]) == 2
+    (tmp_path / "notes.md").write_text("notes\n")
+    assert main(["compare", mine, *(a.format(tmp=tmp_path) for a in argv)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("minialign compare: error: " + said.format(mine=mine))
+    assert err.startswith("minialign compare: error: " + said.format(mine=mine, tmp=tmp_path))
     assert err.count("\n") == 1
 
 
@@ -184,6 +187,11 @@ def test_a_json_that_is_no_summary_and_a_missing_directory(tmp_path, capsys):
     assert f"{other}: not a results summary" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "results")]) == 2
     assert "results: no such directory; make it first with" in capsys.readouterr().err
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "protocol.json").write_text('{"kind": "scaling"}')
+    assert main(["compare", str(sweep)]) == 2
+    assert f"{sweep}: a scaling sweep; `compare` reads replicate" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the docs' table
@@ -245,6 +253,8 @@ def grid(tmp_path_factory):
 def test_export_keeps_each_runs_test_numbers_and_agrees_with_its_directory(grid, tmp_path,
                                                                           capsys):
     out = tmp_path / "summary.json"
+    assert main(["compare", str(grid), "--export", str(tmp_path / "no" / "s.json")]) == 2
+    assert f"s.json: no such directory {tmp_path / 'no'}" in capsys.readouterr().err
     assert main(["compare", str(grid), "--export", str(out)]) == 0
     s = read_json(out)
     assert s["protocol"] == read_json(grid / "protocol.json") and s["metrics"] == KEYS

@@ -7,6 +7,7 @@
   figures         the PNG figures (Pillow only)
   report          results.md, results.json and the figures from saved runs
   compare         two results directories side by side (VICReg vs SIGReg)
+  agreement       a table against the repository's demo, within the seeds' spread; the docs' table
   scaling_report  a sweep's results.md and fig_scaling.png
 
 May import the core, run/ and images/ (to score runs and the baselines).

@@ -57,6 +57,9 @@ def summarize(out):
     out = Path(out)
     if not (out / "protocol.json").is_file():
         raise FileNotFoundError(not_results_dir(out))
+    kind = read_json(out / "protocol.json", "replicate protocol (protocol.json)").get("kind")
+    if kind not in (None, "replicate"):
+        raise ValueError(f"{out}: a {kind} sweep; `compare` reads replicate directories")
     results = collect(out)
     keys = [*IMAGE_KEYS, TEXT_KEY] if results["image"] else [TEXT_KEY]
 
@@ -92,7 +95,9 @@ def commit():
 def load(source):
     """The summary of SOURCE: a replicate directory, or a summary file (one-line errors)."""
     source = Path(source)
-    if source.is_dir() or not source.suffix == ".json":
+    if source.suffix != ".json" or source.is_dir():
+        if source.is_file():
+            raise ValueError(f"{source}: neither a results directory nor a summary (.json)")
         return summarize(source)
     summary = read_json(source, "results summary (`compare --export`)")
     if summary.get("summary") != KIND:
@@ -251,10 +256,18 @@ def run(args):
     is not "agree", ValueError / OSError (one line) before anything is written."""
     if args.write and not args.table:
         raise ValueError("--write: only with --table")
+    if args.write:
+        if not Path(args.write).is_file():
+            raise FileNotFoundError(f"{args.write}: no such file (--write: the page to put the "
+                                    f"table in)")
+        marked(args.write)                           # its markers, before anything is read
     if args.export:
         if not Path(args.source).is_dir():
             raise ValueError(f"{args.source}: --export needs a results directory "
                              f"(`make demo` writes {DEFAULT_SOURCE})")
+        if not Path(args.export).parent.is_dir():
+            raise FileNotFoundError(f"{args.export}: no such directory "
+                                    f"{Path(args.export).parent}")
         summary = summarize(args.source)
         atomic_write_json(args.export, summary)
         print(f"wrote {args.export} (the summary of {args.source}; `python -m minialign "
