@@ -95,6 +95,15 @@ def test_no_spread_allows_the_floor_only():
     assert diff > allowed == agreement.FLOOR
 
 
+def test_a_difference_equal_to_the_allowed_one_agrees(tmp_path, capsys):
+    # 0.0035 - 0.0015 is exactly the float 0.002, and so is the difference of their means
+    mine = {**REPO, "bad_views": {**same(0.03), "R@1": [0.0035] * 3}}
+    repo = {**REPO, "bad_views": {**same(0.03), "R@1": [0.0015] * 3}}
+    code, lines, _ = compare(tmp_path, summary(mine), summary(repo), capsys)
+    assert code == 0 and line_of(lines, "bad_views", "R@1").endswith(
+        "agree: 0.0035 vs 0.0015 (allowed 0.0020; spread 0.0000; seeds 3 and 3)")
+
+
 # ---------------------------------------------------------------- the command
 def test_a_table_that_agrees_exits_0(tmp_path, capsys):
     mine = {**REPO, "good_views": {**same(0.1), "mutual_knn": [0.075, 0.071, 0.079]}}
@@ -120,13 +129,13 @@ def test_one_metric_off_is_named_and_exits_1(tmp_path, capsys):
 
 def test_a_missing_objective_and_a_wrong_ceiling_are_lines_of_their_own(tmp_path, capsys):
     mine = {k: v for k, v in REPO.items() if k != "next_token"}
-    code, lines, _ = compare(tmp_path, summary(mine, ceiling=0.385), summary(REPO), capsys)
+    code, lines, _ = compare(tmp_path, summary(mine, ceiling=0.383), summary(REPO), capsys)
     assert code == 1
     missing = [l for l in lines[1:] if "missing" in l]
     assert missing == [f"next_token{' ' * 22}  missing in {tmp_path / 'mine.json'} "
                        f"(no finished run)"]
     assert line_of(lines, "world ceiling", "mutual-kNN@10").endswith(
-        "differs by 0.0050: 0.3850 vs 0.3800 (allowed 0.0020; one number, no seeds)")
+        "differs by 0.0030: 0.3830 vs 0.3800 (allowed 0.0020; one number, no seeds)")
     assert lines[-1] == "2 of 17 do not agree"
 
 
