@@ -101,7 +101,8 @@ def test_a_difference_equal_to_the_allowed_one_agrees(tmp_path, capsys):
     repo = {**REPO, "bad_views": {**same(0.03), "R@1": [0.0015] * 3}}
     code, lines, _ = compare(tmp_path, summary(mine), summary(repo), capsys)
     assert code == 0 and line_of(lines, "bad_views", "R@1").endswith(
-        "agree: 0.0035 vs 0.0015 (allowed 0.0020; spread 0.0000; seeds 3 and 3)")
+        "agree: 0.0035 vs 0.0015 (allowed 0.0020; spread 0.0000; seeds 3 and 3; same seed up "
+        "to 0.0020)")
 
 
 # ---------------------------------------------------------------- the command
@@ -115,7 +116,8 @@ def test_a_table_that_agrees_exits_0(tmp_path, capsys):
     assert lines[-1] == "all 21 agree"
     # diff 0.005 <= 0.00653: agrees, and says by how much it could have differed
     assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
-        "agree: 0.0750 vs 0.0700 (allowed 0.0065; spread 0.0040; seeds 3 and 3)")
+        "agree: 0.0750 vs 0.0700 (allowed 0.0065; spread 0.0040; seeds 3 and 3; same seed up "
+        "to 0.0050)")
 
 
 def test_one_metric_off_is_named_and_exits_1(tmp_path, capsys):
@@ -123,7 +125,8 @@ def test_one_metric_off_is_named_and_exits_1(tmp_path, capsys):
     code, lines, err = compare(tmp_path, summary(mine), summary(REPO), capsys)
     assert code == 1 and err == ""
     assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
-        "differs by 0.0100: 0.0800 vs 0.0700 (allowed 0.0065; spread 0.0040; seeds 3 and 3)")
+        "differs by 0.0100: 0.0800 vs 0.0700 (allowed 0.0065; spread 0.0040; seeds 3 and 3; "
+        "same seed up to 0.0100)")
     assert sum("differs by" in l for l in lines) == 1 and lines[-1] == "1 of 21 do not agree"
 
 
@@ -141,12 +144,21 @@ def test_a_missing_objective_and_a_wrong_ceiling_are_lines_of_their_own(tmp_path
 
 def test_fewer_seeds_compare_by_the_same_rule(tmp_path, capsys):
     mine = {obj: {k: v[:1] for k, v in values.items()} for obj, values in REPO.items()}
+    mine["good_views"]["mutual_knn"] = [0.071]
     code, lines, _ = compare(tmp_path, summary(mine), summary(REPO), capsys)
     assert code == 0
-    # x = [0.070], y = 0.070, 0.066, 0.074: s = sqrt(2 * 0.004^2 / 2) = 0.004,
-    # allowed 2 * 0.004 * sqrt(1 + 1/3) = 0.0092
+    # x = [0.071], y = 0.070, 0.066, 0.074: s = sqrt(2 * 0.004^2 / 2) = 0.004,
+    # allowed 2 * 0.004 * sqrt(1 + 1/3) = 0.0092; seed 0 is in both: 0.071 - 0.070
     assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
-        "agree: 0.0700 vs 0.0700 (allowed 0.0092; spread 0.0040; seeds 1 and 3)")
+        "agree: 0.0710 vs 0.0700 (allowed 0.0092; spread 0.0040; seeds 1 and 3; same seed up "
+        "to 0.0010)")
+
+
+def test_the_same_seed_pairs_by_seed_number_and_says_nothing_without_one():
+    got = {"seeds": [2, 0], "m": [0.5, 0.25]}
+    assert agreement.same_seed(got, {"seeds": [0, 1, 2], "m": [0.125, 0.0, 0.5]}, "m") == \
+        "; same seed up to 0.1250"                      # seed 0: 0.25 - 0.125; seed 2: 0
+    assert agreement.same_seed(got, {"seeds": [1], "m": [0.5]}, "m") == ""
 
 
 @pytest.mark.parametrize("changes, said", [

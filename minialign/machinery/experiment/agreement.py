@@ -19,7 +19,8 @@ and the two agree when
     |mean(x) - mean(y)| <= max(2 s sqrt(1/n + 1/m), FLOOR)
 i.e. within two standard errors of a difference between two means over independent seeds,
 and never closer than FLOOR demands. The world's ceiling (one number, no seeds) agrees within
-FLOOR. The two protocols must be the same but for the layer set (fast or reference: the same
+FLOOR. Each line also says how far apart the values of the same seed are (information only).
+The two protocols must be the same but for the layer set (fast or reference: the same
 maths within float rounding) and the spelling of the captions path (the files' sha256 must
 match when both are known); any other difference is refused in one line.
 """
@@ -220,7 +221,7 @@ def check_lines(mine, ref, names):
             bad += diff > allowed
             lines.append(f"{where}  {verdict}: {mean:.4f} vs {other:.4f} (allowed "
                          f"{allowed:.4f}; spread {s:.4f}; seeds {len(got[key])} and "
-                         f"{len(want[key])})")
+                         f"{len(want[key])}{same_seed(got, want, key)})")
     if ref["ceiling"] is not None:
         label = f"{'world ceiling':<{width}}  {NAMES['mutual_knn']:<14}"
         if mine["ceiling"] is None:
@@ -233,6 +234,15 @@ def check_lines(mine, ref, names):
             lines.append(f"{label}  {verdict}: {mine['ceiling']:.4f} vs {ref['ceiling']:.4f} "
                          f"(allowed {FLOOR:.4f}; one number, no seeds)")
     return lines, bad
+
+
+def same_seed(got, want, key):
+    """'; same seed up to X': the largest |difference| between the values of one seed in both
+    (information, not part of the verdict: the same seed starts from the same weights and
+    data, so correct code differs by float rounding only); '' when no seed is in both."""
+    mine = dict(zip(got["seeds"], got[key]))
+    pairs = [(mine[s], v) for s, v in zip(want["seeds"], want[key]) if s in mine]
+    return f"; same seed up to {max(abs(a - b) for a, b in pairs):.4f}" if pairs else ""
 
 
 # ---------------------------------------------------------------- the command
