@@ -119,12 +119,10 @@ def format_table(summary):
     lines = [f"D={model['d_model']}, {blocks}, {base['steps']} steps of "
              f"{base['batch_photos']} photos, lr {base['lr']:g} for the seed grid, "
              f"`--layers {model['layers']}`, commit `{head[:12]}`{' ' + rest if rest else ''}; "
-             f"test split, mean ± "
-             f"sample std (ddof 1) over seeds {', '.join(map(str, p['seeds']))} and each "
-             f"seed's value:", "",
+             f"test split, mean ± sample std (ddof 1) over seeds "
+             f"{', '.join(map(str, p['seeds']))} and each seed's value:", "",
              "| row | mutual-kNN@10 | per seed | R@1, caption -> image | per seed "
-             "| paraphrase R@1 |",
-             "|---|---:|---|---:|---|---:|"]
+             "| paraphrase R@1 |", "|---|---:|---|---:|---|---:|"]
     chance = summary["chance"]
     lines.append(f"| chance | {fmt(chance.get('mutual_knn'))} | | {fmt(chance.get('R@1'))} | "
                  f"| {fmt(chance.get(TEXT_KEY))} |")
