@@ -1,5 +1,5 @@
 """The front page and the docs work in a fresh clone: every relative link in README.md,
-docs/*.md and embeddings/README.md points at a file of the repository (and, into a Markdown
+docs/*.md, docs/teacher/*.md and embeddings/README.md points at a file of the repository (and, into a Markdown
 page, at one of its headings or anchors), and every `make TARGET` they name is a target of the
 Makefile (`make -n TARGET` parses; nothing is run). Figures that exist only after `make demo`
 are listed in AFTER_DEMO, and the line that links one says so."""
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "embeddings" / "README.md",
-                *(ROOT / "docs").glob("*.md")])
+                *(ROOT / "docs").glob("*.md"), *(ROOT / "docs").glob("teacher/*.md")])
 # written by `make demo`, not kept in the repository; the linking line says "after `make demo`"
 AFTER_DEMO = {"results/synthetic/fig_alignment.png", "results/synthetic/fig_curves.png",
               "results/synthetic/fig_lr_search.png"}

@@ -58,6 +58,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.experiment.rescore": 12, "machinery.experiment.protocol": 12,
     "machinery.experiment.baselines": 13, "machinery.experiment.report": 14,
     "machinery.experiment.compare": 15, "machinery.experiment.scaling_report": 15,
+    "machinery.experiment.agreement": 16,
     # grid/
     "machinery.grid.slurm": 2, "machinery.grid.memory": 3, "machinery.grid.jobs": 4, "machinery.grid.estimate": 14,
     "machinery.grid.scored": 15, "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,

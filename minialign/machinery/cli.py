@@ -1,5 +1,5 @@
 """The command line, in one place: python -m minialign {data,train,bench,synthetic,evaluate,
-replicate,scaling,report,export,exercises,grade} --help.
+replicate,scaling,report,compare,export,exercises,grade} --help.
 
 Each sub-command is an add_*_args function (its options) and a run_* function (what it does
 with them). The training flags are declared once, in flags.TRAIN_FLAGS (from the config
@@ -20,7 +20,7 @@ from ..objectives import OBJECTIVES
 from ..train import TrainConfig, train
 from .timing import bench
 from .images import bert_vocab, caption_stats, coco, evaluate, export, photos, synthetic
-from .experiment import compare, report, rescore, scaling_report
+from .experiment import agreement, compare, report, rescore, scaling_report
 from . import fastpath
 from . import grading
 from .course import exercises, grade
@@ -36,6 +36,7 @@ from .run.rundir import Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 EXIT_NOT_PASSED = 1  # `grade`: some exercise did not pass (the table says which)
+EXIT_DISAGREE = 1    # `compare`: a row or metric differs from the reference's, or is missing
 EXIT_INTERRUPTED = 128 + signal.SIGINT    # 130: stopped by Ctrl-C, as a shell reports it
 EXIT_TERMINATED = 128 + signal.SIGTERM    # 143: stopped by SIGTERM (kill, timeout, Slurm)
 RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest continues
@@ -90,7 +91,8 @@ def add_threads_arg(p):
                    help="cores this process computes on, >= 1 (default: every core it may use)")
 
 
-COMPUTING = ("train", "evaluate", "replicate", "scaling", "report")   # use_threads before they run
+COMPUTING = ("train", "evaluate", "replicate", "scaling", "report",
+             "compare")                                   # use_threads before they run
 
 
 def use_threads(args):
@@ -434,6 +436,8 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
     "report": ("rebuild results.md and the figures from saved runs; several directories: "
                "side by side", add_report_args,
                run_report),
+    "compare": ("does a table agree with the repository's demo within the seeds' spread; "
+                "--export / --table: the docs' demo table", agreement.add_args, agreement.run),
     "export": ("one-time: COCO images -> frozen DINOv2 embeddings (.npz); needs the [export] "
                "extra", add_export_args, run_export),
     "exercises": ("the course kit: a student copy of this repository with every exercise "
@@ -474,9 +478,9 @@ def run_command(args):
 
 
 def main(argv=None):
-    """Parse, run the command; returns the exit code (0, 1 an exercise not passed, 2 bad input
-    or an exercise not done, 3 diverged, 130 Ctrl-C, 143 SIGTERM). A bad flag exits at once
-    with code 2 (SystemExit, one line)."""
+    """Parse, run the command; returns the exit code (0, 1 an exercise not passed or a table
+    that does not agree, 2 bad input or an exercise not done, 3 diverged, 130 Ctrl-C, 143
+    SIGTERM). A bad flag exits at once with code 2 (SystemExit, one line)."""
     args = parser().parse_args(argv)
     try:
         run_command(args)
@@ -485,6 +489,8 @@ def main(argv=None):
         return EXIT_DIVERGED
     except grade.NotAllPassed:                       # grade printed which
         return EXIT_NOT_PASSED
+    except agreement.Disagree:                       # compare printed which
+        return EXIT_DISAGREE
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@
   results_md      the text of results.md
   rescore         stale image scores scored again; one embeddings file per table
   compare         two results directories side by side (VICReg vs SIGReg)
+  agreement       a table against the repository's demo, within the seeds' spread; the docs' table
   scaling_report  a sweep's results.md and fig_scaling.png
 
 May import the core, run/ and images/ (to score runs and the baselines).

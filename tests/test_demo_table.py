@@ -1,0 +1,52 @@
+"""The demo table of docs/results.md is generated, not typed: it is exactly what `python -m
+minialign compare docs/demo/results.json --table` prints of the committed summary, and that
+summary was made under the protocol `make demo` runs today (so a change of the demo's settings
+that moves its numbers fails here, saying how to regenerate both)."""
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minialign.machinery.cli import parser, protocol_from_args
+from minialign.machinery.experiment import agreement
+from minialign.machinery.experiment.compare import flat
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY, PAGE = ROOT / agreement.DEFAULT_REFERENCE, ROOT / "docs" / "results.md"
+REGENERATE_ALL = (f"make demo && python -m minialign compare results/synthetic --export "
+                  f"{agreement.DEFAULT_REFERENCE} && {agreement.REGENERATE}")
+
+
+def test_the_docs_table_is_the_one_generated_from_the_committed_summary():
+    generated = agreement.format_table(agreement.load(SUMMARY))
+    assert agreement.table_in(PAGE) == generated, (
+        f"docs/results.md's demo table is not the one generated from "
+        f"{agreement.DEFAULT_REFERENCE}; regenerate it with `{agreement.REGENERATE}`")
+
+
+def demo_protocol():
+    """The Protocol `make demo` would run now: its replicate command (make -n, the Makefile's
+    defaults: no variable taken from this environment), parsed as the command line parses it."""
+    done = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]}, check=True)
+    line = next(l for l in done.stdout.replace("\\\n", " ").splitlines()
+                if "-m minialign replicate" in l)
+    words = shlex.split(line)
+    args = parser().parse_args(words[words.index("minialign") + 1:])
+    return json.loads(json.dumps(dataclasses.asdict(protocol_from_args(args))))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_committed_summary_was_made_under_the_demos_protocol():
+    saved, now = flat(agreement.load(SUMMARY)["protocol"]), flat(demo_protocol())
+    differ = [f"{name} (saved {saved.get(name)!r}, make demo now {now.get(name)!r})"
+              for name in sorted(set(saved) | set(now))
+              if saved.get(name) != now.get(name) and name != "base.model.layers"]
+    assert not differ, (
+        f"{agreement.DEFAULT_REFERENCE} was made under other settings than `make demo` runs now: "
+        f"{'; '.join(differ)}; regenerate it and the docs' table with `{REGENERATE_ALL}`")
