@@ -186,6 +186,16 @@ def test_the_layer_set_and_the_captions_spelling_may_differ_not_the_world(tmp_pa
     assert "the captions file (another sha256: another synthetic world?)" in err
 
 
+def test_a_setting_added_since_a_summary_was_saved_reads_as_its_default(tmp_path, capsys):
+    older = summary(REPO)                            # saved before --tokenizer existed
+    del older["protocol"]["base"]["tokenizer"], older["protocol"]["base"]["vocab"]
+    code, lines, err = compare(tmp_path, summary(REPO), older, capsys)
+    assert code == 0 and err == "" and lines[-1].endswith("agree")
+    code, _, err = compare(tmp_path, summary(REPO, base={"tokenizer": "wordpiece",
+                                                          "vocab": "v.txt"}), older, capsys)
+    assert code == 2 and "tokenizer ('wordpiece' in" in err and "'words' in" in err
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--write", "page.md"], "--write: only with --table"),
     (["--table", "--write", "page.md"], "page.md: no such file (--write: the page"),

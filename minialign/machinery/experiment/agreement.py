@@ -24,6 +24,8 @@ The two protocols must be the same but for the layer set (fast or reference: the
 maths within float rounding) and the spelling of the captions path (the files' sha256 must
 match when both are known); any other difference is refused in one line.
 """
+import dataclasses
+import json
 import math
 import subprocess
 from pathlib import Path
@@ -33,6 +35,7 @@ import numpy as np
 from ..run.files import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from .compare import flat
 from .figures import LABELS
+from .protocol import Protocol
 from .report import IMAGE_KEYS, TEXT_KEY, cell, collect, fmt, not_results_dir
 from .speed import mean_std
 
@@ -168,9 +171,15 @@ def write_table(page, text):
 
 
 # ---------------------------------------------------------------- the check
+def as_saved_now(protocol):
+    """A protocol as this minialign reads it back: a setting added since it was saved reads
+    as its default (protocol.json's own rule), so an older summary still compares."""
+    return json.loads(json.dumps(dataclasses.asdict(Protocol(**protocol))))
+
+
 def protocol_refusal(mine, ref, names):
     """None when two summaries' protocols may be compared, else the one-line reason."""
-    a, b = flat(mine["protocol"]), flat(ref["protocol"])
+    a, b = (flat(as_saved_now(s["protocol"])) for s in (mine, ref))
     differ = [n for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n) and n not in ALLOWED]
     said = [f"{n.removeprefix('base.')} ({a.get(n)!r} in {names[0]}, {b.get(n)!r} in "
             f"{names[1]})" for n in differ]
