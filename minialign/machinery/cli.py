@@ -24,8 +24,8 @@ from .course import exercises, grade
 from .grid import replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
 from .run.machine import available_cores, use_cores
-from .run.flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
-                        nonnegative_int, one_of, positive_float, positive_int)
+from .run.flags import (CHOICE_FIELDS, Parser, UniqueList, add_config_flags, add_grid_run_flags,
+                        config_from_args, nonnegative_int, one_of, positive_float, positive_int)
 from .experiment.protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER,
                                   SEEDS, Protocol, holds_runs, load_protocol)
 from .run.rundir import Diverged
@@ -47,10 +47,10 @@ TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_d
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
                 "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
-                "mlp_ratio", "max_len", "layers")
+                "mlp_ratio", "max_len", "layers") + CHOICE_FIELDS
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
                     "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
-                    "sigreg_weight", "layers")
+                    "sigreg_weight", "layers") + CHOICE_FIELDS
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio")
 
 

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...layers import last_pool_backward, last_pool_forward   # a gather: no fast version
 from .fast_layers import (cross_entropy_fast, mean_pool_backward_fast, mean_pool_forward_fast,
                           mha_backward_fast, mha_forward_fast, packed_layout,
                           tied_head_cross_entropy_fast)
@@ -58,6 +59,10 @@ def pool_forward(h, rows):
 
 def pool_backward(dz, cache):
     return mean_pool_backward_fast(dz, cache)
+
+
+# last_pool_forward / last_pool_backward (ModelConfig.causal_pool = "last"): layers.py's own,
+# imported above: a gather of B rows through rows.caption_rows, which the packed layout has too
 
 
 # ---------------------------------------------------------------- the tied head, fused with CE
