@@ -270,11 +270,16 @@ def pool_backward(dz, cache):
 def last_pool_forward(h, rows):
     """z[b] = h at caption b's last real token (under causal attention the one token that
     has read the whole caption; ModelConfig.causal_pool = "last"); 0 for a caption with no
-    token. h: (n, D) rows of token_rows(...) = rows, in any order: rows.caption_rows puts them
-    in batch order (both layer sets use this function). Returns z (B, D) and a cache."""
-    lengths = rows.mask.sum(axis=1)                                       # (B,) real tokens
+    token. h: (n, D) rows of token_rows(...) = rows. Returns z (B, D) and a cache."""
+    return last_token_rows(h, rows.caption_rows, rows.mask.sum(axis=1))   # (B, D)
+
+
+def last_token_rows(h, caption_rows, lengths):
+    """last_pool_forward's gather, for any row order (the fast set's too): caption_rows (n,),
+    the row of each token of tokens[tokens != PAD] in that order; lengths (B,), each caption's
+    real tokens in batch order. Returns z (B, D) and last_pool_backward's cache."""
     has = lengths > 0                                                     # (B,)
-    last = rows.caption_rows[np.cumsum(lengths)[has] - 1]                 # row of each last token
+    last = caption_rows[np.cumsum(lengths)[has] - 1]                      # row of each last token
     z = np.zeros((len(lengths), h.shape[1]), dtype=h.dtype)               # (B, D)
     z[has] = h[last]
     return z, (last, has, h.shape[0])

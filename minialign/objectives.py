@@ -189,16 +189,19 @@ def drop_words(tokens, rate, rng):
 
 
 def unseen_params(cfg):
-    """The parameters whose true gradient under cfg (a train.TrainConfig) is exactly zero:
-    ln_f.beta under VICReg alone (good_views, bad_views with anticollapse "vicreg" and no
-    projector), since it shifts every z by one vector, which changes neither the invariance
-    nor the centred variance and covariance. What it receives is rounding noise, which AdamW
-    turns into lr-sized steps; cfg.loss.unseen_params = "freeze" gives it its true gradient, 0
-    (train.train_step). Returns a tuple of names."""
-    if (cfg.objective in ("good_views", "bad_views") and cfg.loss.anticollapse == "vicreg"
-            and not cfg.model.projector_dim):
-        return ("ln_f.beta",)
-    return ()
+    """The parameters whose true gradient under cfg (a train.TrainConfig) is exactly zero: the
+    one that shifts every row of VICReg's input by one vector, which changes neither the
+    invariance nor the centred variance and covariance. Under VICReg (anticollapse "vicreg")
+    that is projector.b_out with a projector (every objective: next_token's cross-entropy
+    does not read it), else ln_f.beta under VICReg alone (good_views, bad_views; next_token's
+    cross-entropy reads ln_f.beta). What such a parameter receives is rounding noise, which
+    AdamW turns into lr-sized steps; cfg.loss.unseen_params = "freeze" gives it its true
+    gradient, 0 (train.train_step). SIGReg reads the mean: none. Returns a tuple of names."""
+    if cfg.loss.anticollapse != "vicreg":
+        return ()
+    if cfg.model.projector_dim:
+        return ("projector.b_out",)
+    return ("ln_f.beta",) if cfg.objective in ("good_views", "bad_views") else ()
 
 
 MASKINGS = {"replace": mask_words, "drop": drop_words}   # ObjectiveConfig.mask_mode

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...layers import last_pool_backward, last_pool_forward   # a gather: no fast version
+from ...layers import last_pool_backward, last_token_rows   # a gather: layers.py's own
 from .fast_layers import (cross_entropy_fast, mean_pool_backward_fast, mean_pool_forward_fast,
                           mha_backward_fast, mha_forward_fast, packed_layout,
                           tied_head_cross_entropy_fast)
@@ -61,8 +61,12 @@ def pool_backward(dz, cache):
     return mean_pool_backward_fast(dz, cache)
 
 
-# last_pool_forward / last_pool_backward (ModelConfig.causal_pool = "last"): layers.py's own,
-# imported above: a gather of B rows through rows.caption_rows, which the packed layout has too
+def last_pool_forward(h, rows):
+    """layers.last_pool_forward on the packed layout: the same gather (layers.last_token_rows),
+    each caption's length put back in batch order. last_pool_backward is layers.py's."""
+    lengths = np.empty_like(rows.lengths)                                 # (B,) batch order
+    lengths[rows.order] = rows.lengths
+    return last_token_rows(h, rows.caption_rows, lengths)
 
 
 # ---------------------------------------------------------------- the tied head, fused with CE
