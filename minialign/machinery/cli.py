@@ -16,12 +16,12 @@ import tempfile
 from pathlib import Path
 
 from ..objectives import OBJECTIVES
-from ..train import TrainConfig, train
+from ..train import TrainConfig, prepare, train
 from .timing import bench
 from .images import caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import compare, report, scaling_report
 from .course import exercises, grade
-from .grid import replicate, scaling_run, slurm_runs
+from .grid import ablations, replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
 from .run.machine import available_cores, use_cores
 from .run.flags import (CHOICE_FIELDS, Parser, UniqueList, add_config_flags, add_grid_run_flags,
@@ -41,7 +41,7 @@ RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest c
     "replicate": "rerun the same command: finished runs are skipped, interrupted runs resume "
                  "from their last checkpoint (from step 0 if none was saved yet)",
 }
-RESUME_HINT["scaling"] = RESUME_HINT["replicate"]
+RESUME_HINT["scaling"] = RESUME_HINT["ablations"] = RESUME_HINT["replicate"]
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
@@ -85,7 +85,7 @@ def add_threads_arg(p):
                    help="cores this process computes on, >= 1 (default: every core it may use)")
 
 
-COMPUTING = ("train", "evaluate", "replicate", "scaling", "report")   # use_threads before they run
+COMPUTING = ("train", "evaluate", "replicate", "scaling", "report", "ablations")   # use_threads before they run
 
 
 def use_threads(args):
@@ -159,6 +159,42 @@ def check_anticollapse(out, protocol):
             raise ValueError(f"{out}: holds runs trained with --anticollapse {old}; --anticollapse "
                              f"{new} needs its own results directory, e.g. --out {out}-{new} "
                              f"(`make ... ANTICOLLAPSE={new}` uses one)")
+
+
+ABLATION_FIELDS = tuple(f for f in REPLICATE_FIELDS if f not in CHOICE_FIELDS)
+
+
+def add_ablations_args(p):
+    p.add_argument("--captions", required=True, help="captions JSON of the ablated protocol "
+                   "(make ablations: the synthetic demo world)")
+    p.add_argument("--embeddings", default=evaluate.DEFAULT_EMBEDDINGS,
+                   help="image embeddings .npz of those captions")
+    p.add_argument("--image-eval", choices=("on", "off"), default="on",
+                   help="off: text-side metrics only")
+    p.add_argument("--text-captions", default=None,
+                   help="real (COCO) captions: the same choices at replicate-quick's size, "
+                        "text-side only; skipped with one line when the file is absent")
+    p.add_argument("--out", required=True, help="results directory, e.g. results/ablations")
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVE_ORDER), action=UniqueList,
+                   choices=sorted(OBJECTIVES), help="objectives, in table order, each once")
+    p.add_argument("--seeds", nargs="+", type=nonnegative_int, default=list(SEEDS),
+                   action=UniqueList, help="seeds of every variant, each once, >= 0")
+    add_config_flags(p, ABLATION_FIELDS, TrainConfig())
+    p.add_argument("--jobs", type=positive_int, default=available_cores(),
+                   help="runs at once, each in its own process, >= 1 (default: one per core)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="cores each run computes on, >= 1 (default: cores // --jobs)")
+
+
+def run_ablations(args):
+    """ablations.run_ablations on the protocol of the flags (no lr search), inputs checked
+    first."""
+    base = config_from_args(args, TrainConfig(), captions=args.captions)
+    protocol = Protocol(base=base, objectives=args.objectives, seeds=args.seeds, lr_per_decade=0)
+    prepare(base)                                         # the captions, before anything runs
+    emb = replicate.load_image_embeddings(argparse.Namespace(**{**vars(args),
+                                                                "command": "ablations"}))
+    return ablations.run_ablations(protocol, args, emb)
 
 
 def add_scaling_args(p):
@@ -399,6 +435,8 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
                   add_replicate_args, run_replicate),
     "scaling": ("the scaling sweep: encoder sizes x objectives x seeds, gap vs parameters",
                 add_scaling_args, run_scaling),
+    "ablations": ("each choice the replication's write-up leaves unsaid, flipped alone: one "
+                  "table of its effect (docs/protocol.md)", add_ablations_args, run_ablations),
     "report": ("rebuild results.md and the figures from saved runs; several directories: "
                "side by side", add_report_args,
                run_report),
