@@ -14,6 +14,7 @@ import pytest
 from gradcheck import numerical_grad, rel_err
 
 from minialign.__main__ import main
+from minialign.machinery.experiment.report import choices_line
 from minialign.data import Batch
 from minialign.machinery.images.synthetic import CAPTIONS_NAME, write_world
 from minialign.model import PROJECTOR_PARAMS, ModelConfig, encode, init_params, project
@@ -248,3 +249,17 @@ def test_the_flags_reach_config_and_checkpoint(tmp_path):
         main(["train", "--objective", "bad_views", "--captions", "x", "--out", "y",
               "--mask-mode", "hide"])
     assert refused.value.code == 2
+
+
+def test_results_md_names_the_choices_a_run_made():
+    base = json.loads(json.dumps(dataclasses.asdict(TrainConfig())))
+    assert choices_line(base) == (
+        "Choices the write-up leaves unsaid (docs/protocol.md): VICReg projector none; "
+        "next_token's caption vector the mean of its tokens; bad_views' masked words replaced "
+        "by MASK; parameters the loss cannot see (ln_f.beta under VICReg alone) trained.")
+    base["model"].update(projector_dim=256, causal_pool="last")
+    base["loss"].update(mask_mode="drop", unseen_params="freeze")
+    assert choices_line(base) == (
+        "Choices the write-up leaves unsaid (docs/protocol.md): VICReg projector 256 wide; "
+        "next_token's caption vector the last token; bad_views' masked words dropped; "
+        "parameters the loss cannot see (ln_f.beta under VICReg alone) frozen.")
