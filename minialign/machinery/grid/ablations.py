@@ -109,11 +109,13 @@ def run_all(grids, emb, jobs=1, threads=None):
 
 
 def seed_values(out, protocol, objective, metric):
-    """The test `metric` of each finished seed run of `objective` in the grid `out`."""
+    """The test `metric` of each finished seed run of `objective` in the grid `out` (a run not
+    started has no config.json: none)."""
     values = []
     for seed in protocol.seeds:
-        numbers = run_numbers(Path(out) / "runs" / run_name(run_config(protocol, objective, seed)))
-        if numbers["status"] == "finished" and metric in numbers["test"]:
+        run_dir = Path(out) / "runs" / run_name(run_config(protocol, objective, seed))
+        numbers = run_numbers(run_dir) if (run_dir / "config.json").is_file() else {}
+        if numbers.get("status") == "finished" and metric in numbers["test"]:
             values.append(numbers["test"][metric])
     return values
 
