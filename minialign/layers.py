@@ -21,8 +21,9 @@ cores, the tied head fused with cross-entropy); ModelConfig.layers picks one ("r
 module, `--layers reference`). The fast set is tested against this one (tests/test_fast.py).
 
 The set's interface, what encode and next_token call: token_rows; embedding_*, layernorm_*,
-linear_*, gelu_*; attention_*, pool_* and last_pool_* (the batch's real tokens as rows, section at the end);
-lm_head_* and cross_entropy (losses.cross_entropy, imported here so the set is one module).
+linear_*, gelu_*; attention_*, pool_* and last_pool_* (the batch's real tokens as rows,
+section at the end); lm_head_* and cross_entropy (losses.cross_entropy, imported here so the
+set is one module).
 """
 import math
 from typing import NamedTuple

@@ -88,7 +88,7 @@ def good_views(params, batch, cfg, rng):
 def bad_views(params, batch, cfg, rng):
     """One caption per photo, its words masked twice independently, is the pair -> VICReg (or
     invariance + SIGReg)."""
-    mask = MASKINGS[cfg.loss.mask_mode]                                   # <- mask_words or drop_words
+    mask = MASKINGS[cfg.loss.mask_mode]                                   # <- replace or drop
     tokens = np.concatenate([mask(batch.tokens_a, cfg.loss.mask_rate, rng),   # <- (2B, T)
                              mask(batch.tokens_a, cfg.loss.mask_rate, rng)])  # <- a, a
     B = len(batch.tokens_a)

@@ -84,7 +84,8 @@ def test_the_command_writes_one_table_and_a_rerun_trains_nothing(world, tmp_path
     printed = capsys.readouterr().out
     # runs per variant (default, projector, last-token, drop-words, freeze-unseen): demo x 2
     # seeds, real captions x 1
-    assert printed.count("finished earlier, skipped") == 2 * (3 + 3 + 1 + 1 + 2) + (3 + 3 + 1 + 1 + 2)
+    per_variant = 3 + 3 + 1 + 1 + 2
+    assert printed.count("finished earlier, skipped") == 2 * per_variant + per_variant
     assert "step 1/" not in printed                             # nothing trained
     assert (out / "ablations.md").read_bytes() == first
 

@@ -85,7 +85,8 @@ def add_threads_arg(p):
                    help="cores this process computes on, >= 1 (default: every core it may use)")
 
 
-COMPUTING = ("train", "evaluate", "replicate", "scaling", "report", "ablations")   # use_threads before they run
+COMPUTING = ("train", "evaluate", "replicate", "scaling", "report",
+             "ablations")                                   # use_threads before they run
 
 
 def use_threads(args):

@@ -229,10 +229,10 @@ def choices_line(base):
     """The protocol line of the choices the replication's write-up leaves unsaid, as these
     runs made them (docs/protocol.md; a protocol saved before them: today's defaults)."""
     model, loss = base["model"], base["loss"]
-    width = model.get("projector_dim", 0)
+    width, last = model.get("projector_dim", 0), model.get("causal_pool") == "last"
     return (f"Choices the write-up leaves unsaid (docs/protocol.md): VICReg projector "
             f"{f'{width} wide' if width else 'none'}; next_token's caption vector "
-            f"{'the last token' if model.get('causal_pool') == 'last' else 'the mean of its tokens'}"
+            f"{'the last token' if last else 'the mean of its tokens'}"
             f"; bad_views' masked words "
             f"{'dropped' if loss.get('mask_mode') == 'drop' else 'replaced by MASK'}; "
             f"parameters the loss cannot see (ln_f.beta under VICReg alone) "
