@@ -29,7 +29,7 @@ TOK_SUFFIX = $(if $(filter words,$(TOKENIZER)),-words)
 CHECK_VOCAB = @test "$(TOKENIZER)" != wordpiece || test -f "$(VOCAB)" || { echo '$(VOCAB): no \
 	such file; `make data` downloads BERT'"'"'s vocabulary, or pass TOKENIZER=words' >&2; exit 2; }
 
-.PHONY: install install-export test test-oldest data embeddings train bench bench-torch demo demo-compare replicate replicate-quick \
+.PHONY: install install-export test test-oldest data embeddings train bench bench-torch demo demo-compare replicate replicate-quick ablations \
         eta eta-quick report scaling eta-scaling scaling-demo exercises grade
 
 install:            ## numpy, pillow, tqdm + pytest
@@ -171,6 +171,19 @@ demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr se
 	    --steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 \
 	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4 \
 	    --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) $(EXPECTED)
+
+# Each choice the replication's write-up leaves unsaid, flipped alone (docs/protocol.md): the
+# demo's protocol (3 objectives x seeds 0-2 at its lr, no search) per choice, and with real
+# captions (replicate-quick's, if any) the text-side metrics at replicate-quick's size; one
+# table in $(ABLATIONS)/ablations.md. Stop and rerun as replicate.
+ABLATIONS  ?= results/ablations$(LAYERS_SUFFIX)
+ablations: $(DEMO_WORLD)/captions_synthetic.json  ## each unsaid choice flipped: its effect beside the seeds' spread
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(PY) -m minialign ablations \
+	    --captions $(DEMO_WORLD)/captions_synthetic.json \
+	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(ABLATIONS) \
+	    --steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 \
+	    --d-model 64 --n-layers 1 --n-heads 4 --layers $(LAYERS) \
+	    --text-captions "$(QUICK_CAPTIONS)" $(JOBS_FLAG)
 
 demo-compare:       ## after `make demo` and `make demo ANTICOLLAPSE=sigreg`: VICReg vs SIGReg side by side
 	$(PY) -m minialign report results/synthetic results/synthetic-sigreg

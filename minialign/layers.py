@@ -21,8 +21,9 @@ cores, the tied head fused with cross-entropy); ModelConfig.layers picks one ("r
 module, `--layers reference`). The fast set is tested against this one (tests/test_fast.py).
 
 The set's interface, what encode and next_token call: token_rows; embedding_*, layernorm_*,
-linear_*, gelu_*; attention_* and pool_* (the batch's real tokens as rows, section at the end);
-lm_head_* and cross_entropy (losses.cross_entropy, imported here so the set is one module).
+linear_*, gelu_*; attention_*, pool_* and last_pool_* (the batch's real tokens as rows,
+section at the end); lm_head_* and cross_entropy (losses.cross_entropy, imported here so the
+set is one module).
 """
 import math
 from typing import NamedTuple
@@ -265,6 +266,32 @@ def pool_forward(h, rows):
 def pool_backward(dz, cache):
     """dz: (B, D) -> dh (n, D)."""
     return mean_pool_backward(dz, cache)                                  # (n, D)
+
+
+def last_pool_forward(h, rows):
+    """z[b] = h at caption b's last real token (under causal attention the one token that
+    has read the whole caption; ModelConfig.causal_pool = "last"); 0 for a caption with no
+    token. h: (n, D) rows of token_rows(...) = rows. Returns z (B, D) and a cache."""
+    return last_token_rows(h, rows.caption_rows, rows.mask.sum(axis=1))   # (B, D)
+
+
+def last_token_rows(h, caption_rows, lengths):
+    """last_pool_forward's gather, for any row order (the fast set's too): caption_rows (n,),
+    the row of each token of tokens[tokens != PAD] in that order; lengths (B,), each caption's
+    real tokens in batch order. Returns z (B, D) and last_pool_backward's cache."""
+    has = lengths > 0                                                     # (B,)
+    last = caption_rows[np.cumsum(lengths)[has] - 1]                      # row of each last token
+    z = np.zeros((len(lengths), h.shape[1]), dtype=h.dtype)               # (B, D)
+    z[has] = h[last]
+    return z, (last, has, h.shape[0])
+
+
+def last_pool_backward(dz, cache):
+    """dz: (B, D) -> dh (n, D): each caption's dz at its last token's row, 0 elsewhere."""
+    last, has, n = cache
+    dh = np.zeros((n, dz.shape[1]), dtype=dz.dtype)                       # (n, D)
+    dh[last] = dz[has]                                                    # one row per caption
+    return dh
 
 
 # ---------------------------------------------------------------- the tied next-token head

@@ -12,7 +12,10 @@ Parameters and gradients are two flat dicts with the same keys:
     blocks.{i}.ln1.gamma/beta (D,), blocks.{i}.attn.w_qkv (D, 3D), .b_qkv (3D,),
     blocks.{i}.attn.w_o (D, D), .b_o (D,), blocks.{i}.ln2.gamma/beta (D,),
     blocks.{i}.mlp.w_in (D, F), .b_in (F,), blocks.{i}.mlp.w_out (F, D), .b_out (D,),
-    ln_f.gamma/beta (D,).
+    ln_f.gamma/beta (D,);
+and with a projector (ModelConfig.projector_dim = P > 0; project below, the objectives' loss
+reads its output, every metric the encoder's z):
+    projector.w_in (D, P), .b_in (P,), projector.ln.gamma/beta (P,), .w_out (P, P), .b_out (P,).
 BLOCK_PARAMS names a block's twelve, in the order init_params and encode use.
 Names: h is the residual stream, hf = ln_f(h) the final hidden states, z their pooled mean.
 """
@@ -31,6 +34,9 @@ MIN_MAX_LEN = 3  # the shortest max_len that holds BOS, one word and EOS (tokeni
 # one block's parameters; blocks.{i}.<name> in the dicts (block_keys)
 BLOCK_PARAMS = ("ln1.gamma", "ln1.beta", "attn.w_qkv", "attn.b_qkv", "attn.w_o", "attn.b_o",
                 "ln2.gamma", "ln2.beta", "mlp.w_in", "mlp.b_in", "mlp.w_out", "mlp.b_out")
+PROJECTOR_PARAMS = ("projector.w_in", "projector.b_in", "projector.ln.gamma", "projector.ln.beta",
+                    "projector.w_out", "projector.b_out")   # init_params' order
+POOLS = ("mean", "last")   # ModelConfig.causal_pool: a causal caption's vector (encode)
 LAYER_SETS = {"fast": fast, "reference": layers} if fastpath.PRESENT else {"reference": layers}
 DEFAULT_LAYERS = "fast" if fastpath.PRESENT else "reference"  # ModelConfig.layers' default
 STUDENT_COPY_LAYERS = ("layers=fast: a student copy has no fast path (docs/course.md, \"What the "
@@ -72,14 +78,16 @@ class ModelConfig:
     n_heads: int = 4            # H (D must divide by H)
     mlp_ratio: int = 4          # F = mlp_ratio * D
     layers: str = DEFAULT_LAYERS  # "fast" (machinery/fastpath/fast.py) | "reference" (layers.py)
+    projector_dim: int = 0      # P: VICReg's expander after the encoder (project); 0: none
+    causal_pool: str = "mean"   # causal (next_token) z: "mean" of the tokens | "last" token's hf
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range."""
         if self.layers == "fast" and not fastpath.PRESENT:
             raise ValueError(STUDENT_COPY_LAYERS)
-        check_fields(self, choices={"layers": ("fast", "reference")},   # LAYER_SETS' names
+        check_fields(self, choices={"layers": ("fast", "reference"), "causal_pool": POOLS},
                      integers={"vocab_size": len(SPECIALS), "max_len": MIN_MAX_LEN, "d_model": 1,
-                               "n_layers": 1, "n_heads": 1, "mlp_ratio": 1})
+                               "n_layers": 1, "n_heads": 1, "mlp_ratio": 1, "projector_dim": 0})
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 
@@ -93,7 +101,9 @@ def layer_set(cfg):
 def init_params(cfg, rng, dtype=np.float32):
     """Fresh weights: N(0, INIT_STD^2) matrices and embeddings, with the two projections that
     write into the residual stream (attn.w_o, mlp.w_out) scaled by 1/sqrt(2L) as in GPT-2;
-    zero biases, LayerNorm gains 1 and shifts 0. rng: numpy Generator. Returns {name: array}."""
+    zero biases, LayerNorm gains 1 and shifts 0. rng: numpy Generator. Returns {name: array}.
+    The projector's weights (projector_dim > 0) are drawn last, N(0, INIT_STD^2) both, so the
+    encoder's are those of a run without it."""
     D, F, L = cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.n_layers
     normal = lambda *shape, std=INIT_STD: (std * rng.standard_normal(shape)).astype(dtype)
     resid_std = INIT_STD / np.sqrt(2 * L)
@@ -110,6 +120,11 @@ def init_params(cfg, rng, dtype=np.float32):
         assert tuple(block) == BLOCK_PARAMS
         params.update(zip(block_keys(i), block.values()))
     params["ln_f.gamma"], params["ln_f.beta"] = np.ones(D, dtype), np.zeros(D, dtype)
+    if cfg.projector_dim:
+        P = cfg.projector_dim
+        projector = (normal(D, P), np.zeros(P, dtype), np.ones(P, dtype), np.zeros(P, dtype),
+                     normal(P, P), np.zeros(P, dtype))
+        params.update(zip(PROJECTOR_PARAMS, projector))
     return params
 
 
@@ -129,7 +144,9 @@ def encode(params, tokens, cfg, causal=False):
     causal: each token reads only itself and earlier tokens (next-token training) instead of
     the whole caption. The per-token layers run on the n real tokens only, the rows of an
     (n, D) array (token_rows says where each token sits); attention reads them per caption.
-    Returns z (B, D): the mean of hf over each caption's real tokens; hf (n, D): the final
+    Returns z (B, D): the mean of hf over each caption's real tokens (causal with
+    cfg.causal_pool = "last": the hf of its last real token, the one that has read all of
+    it); hf (n, D): the final
     hidden states (the residual stream h after the final LayerNorm) of the real tokens, in
     the order of tokens[tokens != PAD]; and a cache for encode_backward."""
     ops = layer_set(cfg)                                                  # layers.py or fast.py
@@ -153,9 +170,10 @@ def encode(params, tokens, cfg, causal=False):
         h = h + m                                                         # (n, D) residual
         blocks.append((c_ln1, c_att, c_ln2, c_in, c_gelu, c_out))
     hf, c_lnf = ops.layernorm_forward(h, params["ln_f.gamma"], params["ln_f.beta"])  # (n, D)
-    z, c_pool = ops.pool_forward(hf, rows)                                # (B, D)
+    last = causal and cfg.causal_pool == "last"                           # which pooling
+    z, c_pool = (ops.last_pool_forward if last else ops.pool_forward)(hf, rows)  # (B, D)
     # hf in the order of tokens[tokens != PAD], the order next-token targets use
-    return z, hf[rows.caption_rows], (ops, rows, c_tok, c_pos, blocks, c_lnf, c_pool)
+    return z, hf[rows.caption_rows], (ops, rows, c_tok, c_pos, blocks, c_lnf, (last, c_pool))
 
 
 def encode_backward(dz, dhf, cache):
@@ -166,9 +184,9 @@ def encode_backward(dz, dhf, cache):
     call on a 2B batch), their gradients sum in the shared weights' entries of grads.
     Returns {name: gradient}, the keys of params, in the order computed: clip_grad_norm sums
     grads.values() in that order, part of the rounding tests/test_reference.py pins."""
-    ops, rows, c_tok, c_pos, blocks, c_lnf, c_pool = cache
+    ops, rows, c_tok, c_pos, blocks, c_lnf, (last, c_pool) = cache
     grads = {}
-    dhf_rows = ops.pool_backward(dz, c_pool)                              # z = pool(hf, rows)
+    dhf_rows = (ops.last_pool_backward if last else ops.pool_backward)(dz, c_pool)  # z = pool(hf)
     if dhf is not None:                                                   # hf fed pool and head:
         dhf_rows[rows.caption_rows] += dhf                                # hf[rows.caption_rows]
     dh, grads["ln_f.gamma"], grads["ln_f.beta"] = ops.layernorm_backward(dhf_rows, c_lnf)  # ln_f(h)
@@ -189,3 +207,37 @@ def encode_backward(dz, dhf, cache):
     grads["pos_emb"] = ops.embedding_backward(dh, c_pos)                  # p = pos_emb[positions]
     grads["tok_emb"] = ops.embedding_backward(dh, c_tok)                  # x = tok_emb[tokens]
     return grads
+
+
+def project(params, z, cfg):
+    """VICReg's projector ("expander", Bardes et al. 2022, sec. 4.2), our numpy-friendly variant:
+        y = linear_out(gelu(layernorm(linear_in(z))))       (N, D) -> (N, P), P = projector_dim
+    VICReg's is Linear-BatchNorm-ReLU-Linear-BatchNorm-ReLU-Linear, 8192 wide. LayerNorm stands
+    for BatchNorm here (per row, so a caption's y never depends on the rest of the batch, and
+    it is a layer of the set already) and GELU for ReLU (the encoder's own nonlinearity): the
+    same role, normalise then bend, with the layers encode is made of. One hidden layer: the
+    demo's encoder is one block deep. z: (N, D), both views stacked (per row, so stacking
+    changes nothing). Returns y and a cache; without a projector (P = 0): z itself, None."""
+    if not cfg.projector_dim:
+        return z, None
+    ops = layer_set(cfg)
+    w_in, b_in, gamma, beta, w_out, b_out = (params[k] for k in PROJECTOR_PARAMS)
+    u, c_in = ops.linear_forward(z, w_in, b_in)                           # (N, P)
+    u, c_ln = ops.layernorm_forward(u, gamma, beta)                       # (N, P)
+    u, c_gelu = ops.gelu_forward(u)                                       # (N, P)
+    y, c_out = ops.linear_forward(u, w_out, b_out)                        # (N, P)
+    return y, (ops, c_in, c_ln, c_gelu, c_out)
+
+
+def project_backward(dy, cache):
+    """Undo `project`: dy (N, P) -> dz (N, D) and {projector name: gradient}; without a
+    projector (cache None): dy itself and {}."""
+    if cache is None:
+        return dy, {}
+    ops, c_in, c_ln, c_gelu, c_out = cache
+    g = {}
+    du, g["projector.w_out"], g["projector.b_out"] = ops.linear_backward(dy, c_out)  # y = linear
+    du = ops.gelu_backward(du, c_gelu)                                    # u = gelu(u)
+    du, g["projector.ln.gamma"], g["projector.ln.beta"] = ops.layernorm_backward(du, c_ln)
+    dz, g["projector.w_in"], g["projector.b_in"] = ops.linear_backward(du, c_in)  # u = linear(z)
+    return dz, g

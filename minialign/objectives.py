@@ -30,11 +30,13 @@ import numpy as np
 
 from .losses import (SIGREG_DIRECTIONS, SIGREG_POINTS, SIGREG_T_MAX, SIGREG_WEIGHT,
                      sigreg_directions, sigreg_loss, vicreg_loss)
-from .model import check_fields, encode, encode_backward, layer_set
+from .model import check_fields, encode, encode_backward, layer_set, project, project_backward
 from .tokenizer import MASK, PAD, SPECIALS
 
 
 ANTICOLLAPSE = ("vicreg", "sigreg")  # ObjectiveConfig.anticollapse (flags.py lists them too)
+MASK_MODES = ("replace", "drop")     # ObjectiveConfig.mask_mode: a masked word becomes MASK | goes
+UNSEEN = ("train", "freeze")         # ObjectiveConfig.unseen_params (unseen_params below)
 # next_token's stats key for its weighted anti-collapse term, named after the regulariser;
 # "sigreg" itself already holds SIGReg's unweighted statistic (losses.sigreg_loss's stats)
 ANTICOLLAPSE_KEY = {"vicreg": "vicreg", "sigreg": "sigreg_loss"}
@@ -53,11 +55,14 @@ class ObjectiveConfig:
     sigreg_directions: int = SIGREG_DIRECTIONS  # M random unit directions, drawn every step
     sigreg_t_max: float = SIGREG_T_MAX     # Epps-Pulley integral over t in [-t_max, t_max]
     sigreg_points: int = SIGREG_POINTS     # trapezoid knots on [0, t_max]
+    mask_mode: str = "replace"      # bad views: a masked word becomes <mask> | is dropped
+    unseen_params: str = "train"    # parameters the loss cannot see: trained | frozen
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range (the same ranges the
         command line's flags.py types enforce)."""
-        check_fields(self, choices={"anticollapse": ANTICOLLAPSE},
+        check_fields(self, choices={"anticollapse": ANTICOLLAPSE, "mask_mode": MASK_MODES,
+                                    "unseen_params": UNSEEN},
                      integers={"sigreg_directions": 1, "sigreg_points": 2},
                      numbers={"mask_rate": "in [0, 1)", "sim_weight": ">= 0", "var_weight": ">= 0",
                               "cov_weight": ">= 0", "anticollapse_weight": ">= 0",
@@ -72,20 +77,27 @@ def good_views(params, batch, cfg, rng):
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=False)        # (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
+    y, c_proj = project(params, z, cfg.model)                             # (2B, P): z, or projected
+    loss, (dy_a, dy_b), stats = pair_loss(y[:B], y[B:], cfg.loss, rng)
+    dz, grads_proj = project_backward(np.concatenate([dy_a, dy_b]), c_proj)
+    grads = encode_backward(dz, None, cache)
+    grads.update(grads_proj)                                              # {} without a projector
     return loss, grads, stats
 
 
 def bad_views(params, batch, cfg, rng):
     """One caption per photo, its words masked twice independently, is the pair -> VICReg (or
     invariance + SIGReg)."""
-    tokens = np.concatenate([mask_words(batch.tokens_a, cfg.loss.mask_rate, rng),   # <- (2B, T)
-                             mask_words(batch.tokens_a, cfg.loss.mask_rate, rng)])  # <- a, a
+    mask = MASKINGS[cfg.loss.mask_mode]                                   # <- replace or drop
+    tokens = np.concatenate([mask(batch.tokens_a, cfg.loss.mask_rate, rng),   # <- (2B, T)
+                             mask(batch.tokens_a, cfg.loss.mask_rate, rng)])  # <- a, a
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=False)        # (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng)
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), None, cache)
+    y, c_proj = project(params, z, cfg.model)                             # (2B, P): z, or projected
+    loss, (dy_a, dy_b), stats = pair_loss(y[:B], y[B:], cfg.loss, rng)
+    dz, grads_proj = project_backward(np.concatenate([dy_a, dy_b]), c_proj)
+    grads = encode_backward(dz, None, cache)
+    grads.update(grads_proj)                                              # {} without a projector
     return loss, grads, stats
 
 
@@ -99,7 +111,8 @@ def next_token(params, batch, cfg, rng):
     tokens = np.concatenate([batch.tokens_a, batch.tokens_b])            # (2B, T) caption a | b
     B = len(batch.tokens_a)
     z, hf, cache = encode(params, tokens, cfg.model, causal=True)         # <- (2B, D), (n, D)
-    loss, (dz_a, dz_b), stats = pair_loss(z[:B], z[B:], cfg.loss, rng,  # <- no invariance,
+    y, c_proj = project(params, z, cfg.model)                             # (2B, P): z, or projected
+    loss, (dy_a, dy_b), stats = pair_loss(y[:B], y[B:], cfg.loss, rng,  # <- no invariance,
                                           sim_weight=0.0, weight=cfg.loss.anticollapse_weight)  # <-
     targets, has_target = next_token_targets(tokens)                      # <- (n,), (n,) as hf
     ops = layer_set(cfg.model)                                            # <- encode's layer set
@@ -108,7 +121,9 @@ def next_token(params, batch, cfg, rng):
     dh_real, dtok_emb = ops.lm_head_backward(dlogits, c_head)             # <- (n_t, D), (V, D)
     dhf = np.zeros_like(hf)                                               # <- (n, D): no target,
     dhf[has_target] = dh_real                                             # <- no gradient
-    grads = encode_backward(np.concatenate([dz_a, dz_b]), dhf, cache)  # <-
+    dz, grads_proj = project_backward(np.concatenate([dy_a, dy_b]), c_proj)
+    grads = encode_backward(dz, dhf, cache)                               # <-
+    grads.update(grads_proj)                                              # {} without a projector
     grads["tok_emb"] += dtok_emb                                          # <- the head is tied
     stats.update(ce_stats, loss=loss + ce_loss)                           # <-
     stats[ANTICOLLAPSE_KEY[cfg.loss.anticollapse]] = loss                 # <- its weighted term
@@ -159,6 +174,37 @@ def mask_words(tokens, rate, rng):
     # --- end of exercise 10 ---
 
 
+def drop_words(tokens, rate, rng):
+    """bad_views with mask_mode "drop": the words mask_words would mask (the same draws from
+    rng) are removed instead, and each caption's remaining tokens move left to close the gaps
+    (PAD after them; a caption keeps at least one word, as in mask_words). The positions the
+    encoder reads are then those of the shorter caption. tokens: (B, T) int.
+    Returns a new (B, T) array; `tokens` is not modified."""
+    dropped = mask_words(tokens, rate, rng) != tokens                     # (B, T) masked words
+    keep = (tokens != PAD) & ~dropped                                     # (B, T)
+    order = np.argsort(~keep, axis=1, kind="stable")                      # kept first, in order
+    packed = np.take_along_axis(tokens, order, axis=1)                    # (B, T)
+    return np.where(np.arange(tokens.shape[1]) < keep.sum(axis=1, keepdims=True), packed,
+                    PAD).astype(tokens.dtype)
+
+
+def unseen_params(cfg):
+    """The parameters whose true gradient under cfg (a train.TrainConfig) is exactly zero: the
+    one that shifts every row of VICReg's input by one vector, which changes neither the
+    invariance nor the centred variance and covariance. Under VICReg (anticollapse "vicreg")
+    that is projector.b_out with a projector (every objective: next_token's cross-entropy
+    does not read it), else ln_f.beta under VICReg alone (good_views, bad_views; next_token's
+    cross-entropy reads ln_f.beta). What such a parameter receives is rounding noise, which
+    AdamW turns into lr-sized steps; cfg.loss.unseen_params = "freeze" gives it its true
+    gradient, 0 (train.train_step). SIGReg reads the mean: none. Returns a tuple of names."""
+    if cfg.loss.anticollapse != "vicreg":
+        return ()
+    if cfg.model.projector_dim:
+        return ("projector.b_out",)
+    return ("ln_f.beta",) if cfg.objective in ("good_views", "bad_views") else ()
+
+
+MASKINGS = {"replace": mask_words, "drop": drop_words}   # ObjectiveConfig.mask_mode
 OBJECTIVES = {"good_views": good_views, "bad_views": bad_views, "next_token": next_token}
 # The attention each objective trains (and is evaluated) with.
 CAUSAL = {"good_views": False, "bad_views": False, "next_token": True}

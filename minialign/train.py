@@ -19,7 +19,7 @@ from .machinery.run.monitor import Progress, evaluate_val, finish, prepare, prin
 from .machinery.run.rundir import finished_run, open_log, record_divergence, start_run
 from .data import SPLIT_SEED, sample_batch
 from .model import ModelConfig, check_fields, init_params
-from .objectives import OBJECTIVES, ObjectiveConfig
+from .objectives import OBJECTIVES, ObjectiveConfig, unseen_params
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 
 
@@ -72,9 +72,14 @@ def train_step(params, state, batch, cfg, lr, rng_mask):
     params, state: weights and Adam moments, updated in place; batch: data.Batch; cfg:
     TrainConfig; lr: this step's learning rate (optim.lr_at); rng_mask: bad_views' masks.
     Returns (loss, stats, grad_norm), grad_norm before clipping. A loss or gradient norm that
-    is not finite leaves params and state untouched: the caller records the divergence."""
+    is not finite leaves params and state untouched: the caller records the divergence.
+    cfg.loss.unseen_params = "freeze": the parameters the loss cannot see (objectives.
+    unseen_params) get their true gradient, 0, in place of rounding noise, before clipping:
+    AdamW then leaves them (and their moments) exactly where they are."""
     with np.errstate(over="ignore", invalid="ignore"):    # divergence is the caller's check
         loss, grads, stats = OBJECTIVES[cfg.objective](params, batch, cfg, rng_mask)
+        for name in unseen_params(cfg) if cfg.loss.unseen_params == "freeze" else ():
+            grads[name][...] = 0                          # its exact gradient
         grad_norm = clip_grad_norm(grads, cfg.grad_clip)
     if np.isfinite(loss) and np.isfinite(grad_norm):
         adam_step(params, grads, state, lr, cfg.weight_decay)

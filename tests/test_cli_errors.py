@@ -57,6 +57,7 @@ REFUSED = [  # (argv, the whole of stderr)
      "'bad_views', 'good_views', 'next_token') (did you mean good_views?)"),
     (["xyzzy"], "minialign: error: argument COMMAND: invalid choice: 'xyzzy' (choose from "
                 "'data', 'train', 'bench', 'synthetic', 'evaluate', 'replicate', 'scaling', "
+                "'ablations', "
                 "'report', 'compare', 'export', 'exercises', 'grade')"),  # nothing close: all
 ]
 

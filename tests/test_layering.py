@@ -62,7 +62,7 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     # grid/
     "machinery.grid.slurm": 2, "machinery.grid.memory": 3, "machinery.grid.jobs": 4, "machinery.grid.estimate": 14,
     "machinery.grid.scored": 15, "machinery.grid.replicate": 16, "machinery.grid.scaling_run": 17,
-    "machinery.grid.slurm_runs": 17,
+    "machinery.grid.slurm_runs": 17, "machinery.grid.ablations": 17,
 }
 # one level per folder of machinery/: a module imports machinery modules only of its own folder
 # or of a folder of a lower level (each folder's __init__.py says what it may import)

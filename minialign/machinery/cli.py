@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import __file__ as package_file
 from ..objectives import OBJECTIVES
-from ..train import TrainConfig, train
+from ..train import TrainConfig, prepare, train
 from .timing import bench
 from .images import bert_vocab, caption_stats, coco, evaluate, export, photos, synthetic
 from .experiment import agreement, compare, report, rescore, scaling_report
@@ -25,11 +25,11 @@ from . import fastpath
 from . import grading
 from .course import exercises, grade
 from .course import copy as course_copy
-from .grid import replicate, scaling_run, slurm_runs
+from .grid import ablations, replicate, scaling_run, slurm_runs
 from .grid.jobs import Terminated, sigterm_interrupts
 from .run.machine import available_cores, use_cores
-from .run.flags import (Parser, UniqueList, add_config_flags, add_grid_run_flags, config_from_args,
-                        nonnegative_int, one_of, positive_float, positive_int)
+from .run.flags import (CHOICE_FIELDS, Parser, UniqueList, add_config_flags, add_grid_run_flags,
+                        config_from_args, nonnegative_int, one_of, positive_float, positive_int)
 from .experiment.protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER,
                                   SEEDS, Protocol, holds_runs, load_protocol)
 from .run.rundir import Diverged
@@ -46,16 +46,16 @@ RESUME_HINT = {  # after Ctrl-C or SIGTERM: nothing finished is lost, the rest c
     "replicate": "rerun the same command: finished runs are skipped, interrupted runs resume "
                  "from their last checkpoint (from step 0 if none was saved yet)",
 }
-RESUME_HINT["scaling"] = RESUME_HINT["replicate"]
+RESUME_HINT["scaling"] = RESUME_HINT["ablations"] = RESUME_HINT["replicate"]
 # Which training flags each command exposes (flags.TRAIN_FLAGS: help, type; default: config)
 TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_decay",
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
                 "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
-                "mlp_ratio", "max_len", "layers", "tokenizer", "vocab")
+                "mlp_ratio", "max_len", "layers", "tokenizer", "vocab") + CHOICE_FIELDS
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
                     "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
-                    "sigreg_weight", "layers", "tokenizer", "vocab")
+                    "sigreg_weight", "layers", "tokenizer", "vocab") + CHOICE_FIELDS
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio",
                 "tokenizer", "vocab")
 
@@ -92,7 +92,7 @@ def add_threads_arg(p):
 
 
 COMPUTING = ("train", "evaluate", "replicate", "scaling", "report",
-             "compare")                                   # use_threads before they run
+             "compare", "ablations")                      # use_threads before they run
 
 
 def use_threads(args):
@@ -167,6 +167,42 @@ def check_anticollapse(out, protocol):
             raise ValueError(f"{out}: holds runs trained with --anticollapse {old}; --anticollapse "
                              f"{new} needs its own results directory, e.g. --out {out}-{new} "
                              f"(`make ... ANTICOLLAPSE={new}` uses one)")
+
+
+ABLATION_FIELDS = tuple(f for f in REPLICATE_FIELDS if f not in CHOICE_FIELDS)
+
+
+def add_ablations_args(p):
+    p.add_argument("--captions", required=True, help="captions JSON of the ablated protocol "
+                   "(make ablations: the synthetic demo world)")
+    p.add_argument("--embeddings", default=evaluate.DEFAULT_EMBEDDINGS,
+                   help="image embeddings .npz of those captions")
+    p.add_argument("--image-eval", choices=("on", "off"), default="on",
+                   help="off: text-side metrics only")
+    p.add_argument("--text-captions", default=None,
+                   help="real (COCO) captions: the same choices at replicate-quick's size, "
+                        "text-side only; skipped with one line when the file is absent")
+    p.add_argument("--out", required=True, help="results directory, e.g. results/ablations")
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVE_ORDER), action=UniqueList,
+                   choices=sorted(OBJECTIVES), help="objectives, in table order, each once")
+    p.add_argument("--seeds", nargs="+", type=nonnegative_int, default=list(SEEDS),
+                   action=UniqueList, help="seeds of every variant, each once, >= 0")
+    add_config_flags(p, ABLATION_FIELDS, TrainConfig())
+    p.add_argument("--jobs", type=positive_int, default=available_cores(),
+                   help="runs at once, each in its own process, >= 1 (default: one per core)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="cores each run computes on, >= 1 (default: cores // --jobs)")
+
+
+def run_ablations(args):
+    """ablations.run_ablations on the protocol of the flags (no lr search), inputs checked
+    first."""
+    base = config_from_args(args, TrainConfig(), captions=args.captions)
+    protocol = Protocol(base=base, objectives=args.objectives, seeds=args.seeds, lr_per_decade=0)
+    prepare(base)                                         # the captions, before anything runs
+    emb = replicate.load_image_embeddings(argparse.Namespace(**{**vars(args),
+                                                                "command": "ablations"}))
+    return ablations.run_ablations(protocol, args, emb)
 
 
 def add_scaling_args(p):
@@ -433,6 +469,8 @@ COMMANDS = {  # name: (help, add_args, run), in --help's order
                   add_replicate_args, run_replicate),
     "scaling": ("the scaling sweep: encoder sizes x objectives x seeds, gap vs parameters",
                 add_scaling_args, run_scaling),
+    "ablations": ("each choice the replication's write-up leaves unsaid, flipped alone: one "
+                  "table of its effect (docs/protocol.md)", add_ablations_args, run_ablations),
     "report": ("rebuild results.md and the figures from saved runs; several directories: "
                "side by side", add_report_args,
                run_report),

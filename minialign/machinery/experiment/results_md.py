@@ -53,7 +53,7 @@ def format_markdown(results):
              f". Test split; image metrics "
              f"are means over the 5 caption slots (R@1: caption -> image after an orthogonal "
              f"rotation fitted on the train photos); paraphrase R@1 is text-only. "
-             f"mean ± sample std (ddof 1) over seeds.", "",
+             f"mean ± sample std (ddof 1) over seeds.", "", choices_line(base), "",
              "| objective | mutual-kNN@10 | per seed | published | R@1 | per seed | published "
              "| paraphrase R@1 |", "|---|---:|---|---:|---:|---|---:|---:|"]
     mknn, r1 = (fmt(chance.get("mutual_knn")), fmt(chance.get("R@1"))) if image else ("pending",) * 2
@@ -95,6 +95,20 @@ def format_markdown(results):
     lines += search_lines(results) + environment_lines(results)
     lines += ["", "## Figures", ""] + [f"![{f[4:-4]}]({f})" for f in FIGURES]
     return "\n".join(lines) + "\n"
+
+
+def choices_line(base):
+    """The protocol line of the choices the replication's write-up leaves unsaid, as these
+    runs made them (docs/protocol.md; a protocol saved before them: today's defaults)."""
+    model, loss = base["model"], base["loss"]
+    width, last = model.get("projector_dim", 0), model.get("causal_pool") == "last"
+    return (f"Choices the write-up leaves unsaid (docs/protocol.md): VICReg projector "
+            f"{f'{width} wide' if width else 'none'}; next_token's caption vector "
+            f"{'the last token' if last else 'the mean of its tokens'}"
+            f"; bad_views' masked words "
+            f"{'dropped' if loss.get('mask_mode') == 'drop' else 'replaced by MASK'}; "
+            f"parameters the loss cannot see (ln_f.beta under VICReg alone) "
+            f"{'frozen' if loss.get('unseen_params') == 'freeze' else 'trained'}.")
 
 
 def context_rows(results):

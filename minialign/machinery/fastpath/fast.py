@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...layers import last_pool_backward, last_token_rows   # a gather: layers.py's own
 from .fast_layers import (cross_entropy_fast, mean_pool_backward_fast, mean_pool_forward_fast,
                           mha_backward_fast, mha_forward_fast, packed_layout,
                           tied_head_cross_entropy_fast)
@@ -58,6 +59,14 @@ def pool_forward(h, rows):
 
 def pool_backward(dz, cache):
     return mean_pool_backward_fast(dz, cache)
+
+
+def last_pool_forward(h, rows):
+    """layers.last_pool_forward on the packed layout: the same gather (layers.last_token_rows),
+    each caption's length put back in batch order. last_pool_backward is layers.py's."""
+    lengths = np.empty_like(rows.lengths)                                 # (B,) batch order
+    lengths[rows.order] = rows.lengths
+    return last_token_rows(h, rows.caption_rows, lengths)
 
 
 # ---------------------------------------------------------------- the tied head, fused with CE

@@ -230,11 +230,23 @@ TRAIN_FLAGS = {
     "layers": ("the layer set the model runs: fast (machinery/fastpath/fast.py) or reference "
                "(minialign/layers.py, the readable one; slower, same maths)",
                one_of("fast", "reference")),    # model.LAYER_SETS
+    # the choices the replication's write-up leaves unsaid (docs/protocol.md), today's default
+    "projector_dim": ("VICReg's projector (expander) after the encoder: Linear-LayerNorm-GELU-"
+                      "Linear of this width, the loss on its output, every metric on z before "
+                      "it; 0: none", nonnegative_int),
+    "causal_pool": ("next_token's caption vector z: mean over its tokens, or the last token's "
+                    "hidden state", one_of("mean", "last")),     # model.POOLS
+    "mask_mode": ("bad_views: a masked word is replaced by <mask>, or dropped (the caption "
+                  "closes up)", one_of("replace", "drop")),      # objectives.MASK_MODES
+    "unseen_params": ("parameters the loss cannot see (ln_f.beta under VICReg alone): train "
+                      "them on rounding noise, or freeze them", one_of("train", "freeze")),
 }
-MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len", "layers")
+MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len", "layers",
+                "projector_dim", "causal_pool")
 LOSS_FIELDS = ("mask_rate", "sim_weight", "var_weight", "cov_weight", "anticollapse_weight",
                "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
-               "sigreg_points")
+               "sigreg_points", "mask_mode", "unseen_params")
+CHOICE_FIELDS = ("projector_dim", "causal_pool", "mask_mode", "unseen_params")   # (#29)
 
 
 def add_config_flags(p, fields, defaults):
