@@ -193,7 +193,7 @@ def test_a_command_run_in_a_copy_that_imports_another_tree_refuses_in_one_line(c
     result = run(["train", "--objective", "good_views", "--captions", "x", "--out",
                   str(tmp_path / "run")], copy / "docs", code=ROOT)
     assert result.returncode == 2
-    assert result.stderr == (f"minialign train: error: this is the copy {copy.resolve()}, but "
+    assert result.stderr == (f"minialign train: error: this student copy is {copy.resolve()}, but "
                              f"Python imports minialign from {ROOT.resolve() / 'minialign'}; run "
                              f"it from {copy.resolve()} itself (cd {copy.resolve()}), or `pip "
                              f"install -e {copy.resolve()}`\n")

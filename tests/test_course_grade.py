@@ -203,8 +203,13 @@ def test_the_copy_is_found_from_a_subfolder_and_another_tree_is_named(tmp_path):
     assert find_copy(tmp_path) is None
     assert mismatch(copy, copy / "minialign" / "__init__.py") is None
     assert mismatch(copy, ROOT / "minialign" / "__init__.py") == (
-        f"this is the copy {copy}, but Python imports minialign from {ROOT / 'minialign'}; run "
+        f"this student copy is {copy}, but Python imports minialign from {ROOT / 'minialign'}; run "
         f"it from {copy} itself (cd {copy}), or `pip install -e {copy}`")
+    fast = copy / "minialign" / "machinery" / "fastpath" / "fast.py"   # a plain checkout has it
+    fast.parent.mkdir(parents=True)
+    fast.write_text("")
+    assert mismatch(copy, ROOT / "minialign" / "__init__.py").startswith(
+        f"this checkout is {copy}, but Python imports minialign from {ROOT / 'minialign'}; ")
 
 
 def test_a_dict_comparison_shows_what_differs_not_a_truncated_repr(tmp_path):
