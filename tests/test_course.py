@@ -229,6 +229,19 @@ def test_the_copy_with_the_solutions_put_back_is_the_repository(copy, tmp_path):
         assert (result.returncode, result.stderr) == (2, f"minialign exercises: error: {message}\n")
 
 
+def test_restore_and_solved_run_in_a_student_copy_refuse_in_one_line(copy, tmp_path):
+    """The copy holds stubs, not solutions: it cannot put one back or leave one in."""
+    before = (copy / "minialign/layers.py").read_bytes()
+    for argv, what in [(["--restore", "3", str(copy)], "restore"),
+                       ([str(tmp_path / "course3"), "--solved", "3"], "leave in (--solved)")]:
+        result = run(["exercises", *argv], copy)
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+            f"minialign exercises: error: {copy.resolve()} is a student copy: it holds no "
+            f"solutions to {what}; run this from the repository (the teacher's checkout)\n"))
+    assert (copy / "minialign/layers.py").read_bytes() == before
+    assert not (tmp_path / "course3").exists()
+
+
 def blank_lines(path):
     """The exercise stub lines of a file, joined."""
     return "\n".join(l for l in path.read_text().splitlines() if " — see docs/course.md#" in l)
