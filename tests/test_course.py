@@ -366,3 +366,38 @@ def test_the_copy_trains_the_students_layers_and_refuses_the_fast_path(tmp_path)
     assert (bench.returncode, bench.stderr) == (2, (
         'minialign bench: error: a student copy has no fast path to time (docs/course.md, "What '
         'the student copy holds"): run bench in the repository\n'))
+
+
+@pytest.mark.parametrize("line, message", [
+    ("broken = (1,", "SyntaxError at minialign/optim.py:{n}: '(' was never closed"),
+    ("x = undefined_name", "NameError at minialign/optim.py:{n}: name 'undefined_name' is not "
+                           "defined"),
+    ("import not_a_module", "ModuleNotFoundError at minialign/optim.py:{n}: No module named "
+                            "'not_a_module'"),
+])
+def test_a_file_that_does_not_import_is_one_line_for_every_command(line, message, tmp_path):
+    """A student's slip in optim.py (exercise 9): train, exercises --list and --help each say
+    which file and line, and that grade grades the others; exit 2."""
+    copy = tmp_path / "course"
+    write_student_copy(copy, ROOT)
+    optim = copy / "minialign" / "optim.py"
+    n = len(optim.read_text().splitlines()) + 1
+    optim.write_text(optim.read_text() + line + "\n")
+    expected = (message.format(n=n) + " (the file of exercise 9; `python -m minialign grade` "
+                "grades the others)\n")
+    for argv, command in [(["train", "--objective", "x"], " train"),
+                          (["exercises", "--list"], " exercises"), (["--help"], "")]:
+        result = run(argv, copy)
+        assert (result.returncode, result.stdout, result.stderr) == (
+            2, "", f"minialign{command}: error: {expected}"), argv
+
+
+@pytest.mark.parametrize("argv", [["exercises", "--list"], ["--help"], ["grade", "--help"]])
+def test_a_closed_stdout_ends_quietly(argv):
+    """`... | head -1`: the reader is gone before the command writes; no error line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "minialign", *argv], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()
+    stderr = child.stderr.read()
+    assert child.wait() in (0, 141) and stderr == b"", stderr

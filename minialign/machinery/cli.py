@@ -491,6 +491,8 @@ def main(argv=None):
         return EXIT_NOT_PASSED
     except agreement.Disagree:                       # compare printed which
         return EXIT_DISAGREE
+    except BrokenPipeError:                          # stdout closed: __main__ ends quietly
+        raise
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2

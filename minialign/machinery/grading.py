@@ -55,6 +55,8 @@ def main(argv):
         run_grade(args)
     except grade.NotAllPassed:
         return EXIT_NOT_PASSED
+    except BrokenPipeError:                          # stdout closed: __main__ ends quietly
+        raise
     except (OSError, ValueError, ImportError) as e:
         print(f"minialign grade: error: {e}", file=sys.stderr)
         return 2
