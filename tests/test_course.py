@@ -160,15 +160,24 @@ def test_the_copy_runs_help_and_names_the_exercise_a_command_reaches(copy, tmp_p
     assert run(["--help"], copy).returncode == 0
     assert run(["grade", "--help"], copy).returncode == 0
     captions, _ = synthetic.write_world(tmp_path / "world", n_scenes=300, seed=0)
-    result = run(["train", "--objective", "good_views", "--captions", str(captions), "--out",
-                  str(tmp_path / "run"), "--steps", "2", "--d-model", "16", "--n-heads", "2",
-                  "--n-layers", "1", "--batch-photos", "16", "--eval-every", "2"], copy)
+    train = ["train", "--objective", "good_views", "--captions", str(captions), "--steps", "2",
+             "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--batch-photos", "16",
+             "--eval-every", "2", "--out"]
+    result = run([*train, str(tmp_path / "runs" / "run")], copy)
     assert result.returncode == 2, result.stderr
     assert "student copy: reference layers (minialign/layers.py) only" in result.stdout.splitlines()
     line = result.stderr.splitlines()[-1]
     m = re.fullmatch(r"minialign train: exercise (\d+) \((.+)\) is not done yet: see "
                      r"docs/course\.md#exercise-\1; `python -m minialign grade \1` checks it", line)
     assert m and EXERCISES[int(m[1]) - 1].title == m[2], line
+    assert not (tmp_path / "runs").exists()     # stopped before a checkpoint: nothing left
+    (tmp_path / "mine").mkdir()                 # a folder it did not make stays, and says how
+    kept = run([*train, str(tmp_path / "mine")], copy)
+    assert kept.stderr.splitlines()[-1] == line + (f"; then rerun with --resume "
+                                                   f"({tmp_path / 'mine'} holds the run so far)")
+    assert (tmp_path / "mine").is_dir()
+    resumed = run([*train, str(tmp_path / "mine"), "--resume"], copy)   # as the hint says
+    assert resumed.stderr.splitlines()[-1] == kept.stderr.splitlines()[-1]
 
 
 def test_grade_from_a_subfolder_of_the_copy_grades_the_copy_whatever_python_imports(copy):
