@@ -3,20 +3,20 @@
 import os
 import re
 import sys
+from pathlib import Path
 
 from .machinery.run.blasenv import one_blas_thread
 
 one_blas_thread(os.environ, sys.argv[1:])       # before numpy is imported (blasenv.py)
 
 from .machinery import grading                        # noqa: E402 (numpy: after)
+from .machinery.course import child, exercises        # noqa: E402 (no student file)
 from .machinery.run.machine import keep_freed_memory  # noqa: E402
 
 
 def import_failed(command, err):
     """The one line for a command whose code does not import (a student's syntax error in
     optim.py, say): which file, which exercise(s) it holds, and that grade still works."""
-    from pathlib import Path
-    from .machinery.course import child, exercises
     root = Path(__file__).resolve().parent.parent
     line = child.import_error(err, root)
     at = re.search(r" at (minialign/[^:/]+\.py):", line)
