@@ -160,15 +160,24 @@ def test_the_copy_runs_help_and_names_the_exercise_a_command_reaches(copy, tmp_p
     assert run(["--help"], copy).returncode == 0
     assert run(["grade", "--help"], copy).returncode == 0
     captions, _ = synthetic.write_world(tmp_path / "world", n_scenes=300, seed=0)
-    result = run(["train", "--objective", "good_views", "--captions", str(captions), "--out",
-                  str(tmp_path / "run"), "--steps", "2", "--d-model", "16", "--n-heads", "2",
-                  "--n-layers", "1", "--batch-photos", "16", "--eval-every", "2"], copy)
+    train = ["train", "--objective", "good_views", "--captions", str(captions), "--steps", "2",
+             "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--batch-photos", "16",
+             "--eval-every", "2", "--out"]
+    result = run([*train, str(tmp_path / "runs" / "run")], copy)
     assert result.returncode == 2, result.stderr
     assert "student copy: reference layers (minialign/layers.py) only" in result.stdout.splitlines()
     line = result.stderr.splitlines()[-1]
     m = re.fullmatch(r"minialign train: exercise (\d+) \((.+)\) is not done yet: see "
                      r"docs/course\.md#exercise-\1; `python -m minialign grade \1` checks it", line)
     assert m and EXERCISES[int(m[1]) - 1].title == m[2], line
+    assert not (tmp_path / "runs").exists()     # stopped before a checkpoint: nothing left
+    (tmp_path / "mine").mkdir()                 # a folder it did not make stays, and says how
+    kept = run([*train, str(tmp_path / "mine")], copy)
+    assert kept.stderr.splitlines()[-1] == line + (f"; then rerun with --resume "
+                                                   f"({tmp_path / 'mine'} holds the run so far)")
+    assert (tmp_path / "mine").is_dir()
+    resumed = run([*train, str(tmp_path / "mine"), "--resume"], copy)   # as the hint says
+    assert resumed.stderr.splitlines()[-1] == kept.stderr.splitlines()[-1]
 
 
 def test_grade_from_a_subfolder_of_the_copy_grades_the_copy_whatever_python_imports(copy):
@@ -193,7 +202,7 @@ def test_a_command_run_in_a_copy_that_imports_another_tree_refuses_in_one_line(c
     result = run(["train", "--objective", "good_views", "--captions", "x", "--out",
                   str(tmp_path / "run")], copy / "docs", code=ROOT)
     assert result.returncode == 2
-    assert result.stderr == (f"minialign train: error: this is the copy {copy.resolve()}, but "
+    assert result.stderr == (f"minialign train: error: this student copy is {copy.resolve()}, but "
                              f"Python imports minialign from {ROOT.resolve() / 'minialign'}; run "
                              f"it from {copy.resolve()} itself (cd {copy.resolve()}), or `pip "
                              f"install -e {copy.resolve()}`\n")
@@ -227,6 +236,19 @@ def test_the_copy_with_the_solutions_put_back_is_the_repository(copy, tmp_path):
                            "there (pyproject.toml and minialign/__init__.py)")]:
         result = run(["exercises", *argv], ROOT)
         assert (result.returncode, result.stderr) == (2, f"minialign exercises: error: {message}\n")
+
+
+def test_restore_and_solved_run_in_a_student_copy_refuse_in_one_line(copy, tmp_path):
+    """The copy holds stubs, not solutions: it cannot put one back or leave one in."""
+    before = (copy / "minialign/layers.py").read_bytes()
+    for argv, what in [(["--restore", "3", str(copy)], "restore"),
+                       ([str(tmp_path / "course3"), "--solved", "3"], "leave in (--solved)")]:
+        result = run(["exercises", *argv], copy)
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+            f"minialign exercises: error: {copy.resolve()} is a student copy: it holds no "
+            f"solutions to {what}; run this from the repository (the teacher's checkout)\n"))
+    assert (copy / "minialign/layers.py").read_bytes() == before
+    assert not (tmp_path / "course3").exists()
 
 
 def blank_lines(path):
@@ -353,3 +375,38 @@ def test_the_copy_trains_the_students_layers_and_refuses_the_fast_path(tmp_path)
     assert (bench.returncode, bench.stderr) == (2, (
         'minialign bench: error: a student copy has no fast path to time (docs/course.md, "What '
         'the student copy holds"): run bench in the repository\n'))
+
+
+@pytest.mark.parametrize("line, message", [
+    ("broken = (1,", "SyntaxError at minialign/optim.py:{n}: '(' was never closed"),
+    ("x = undefined_name", "NameError at minialign/optim.py:{n}: name 'undefined_name' is not "
+                           "defined"),
+    ("import not_a_module", "ModuleNotFoundError at minialign/optim.py:{n}: No module named "
+                            "'not_a_module'"),
+])
+def test_a_file_that_does_not_import_is_one_line_for_every_command(line, message, tmp_path):
+    """A student's slip in optim.py (exercise 9): train, exercises --list and --help each say
+    which file and line, and that grade grades the others; exit 2."""
+    copy = tmp_path / "course"
+    write_student_copy(copy, ROOT)
+    optim = copy / "minialign" / "optim.py"
+    n = len(optim.read_text().splitlines()) + 1
+    optim.write_text(optim.read_text() + line + "\n")
+    expected = (message.format(n=n) + " (the file of exercise 9; `python -m minialign grade` "
+                "grades the others)\n")
+    for argv, command in [(["train", "--objective", "x"], " train"),
+                          (["exercises", "--list"], " exercises"), (["--help"], "")]:
+        result = run(argv, copy)
+        assert (result.returncode, result.stdout, result.stderr) == (
+            2, "", f"minialign{command}: error: {expected}"), argv
+
+
+@pytest.mark.parametrize("argv", [["exercises", "--list"], ["--help"], ["grade", "--help"]])
+def test_a_closed_stdout_ends_quietly(argv):
+    """`... | head -1`: the reader is gone before the command writes; no error line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "minialign", *argv], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()
+    stderr = child.stderr.read()
+    assert child.wait() in (0, 141) and stderr == b"", stderr

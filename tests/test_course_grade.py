@@ -153,10 +153,31 @@ def test_a_class_of_three_copies_is_graded_into_one_csv_against_the_teachers_tes
          full],
         ["bo", str(group / "half"), f"{points[1]:g}", f"{points[3]:g}", "0",
          f"{points[1] + points[3]:g}"]]
-    assert result.stdout.splitlines()[0] == f"ada: 0 / {full} points ({group / 'blank'})"
+    statuses = list(csv.reader(io.StringIO((group / "grades-status.csv").read_text())))
+    assert statuses == [["student", "copy", "1", "3", "12"],
+                        ["ada", str(group / "blank"), "not started", "not started", "not started"],
+                        ["done", str(group / "done"), "passed", "passed", "passed"],
+                        ["bo", str(group / "half"), "passed", "passed", "not started"]]
+    assert result.stdout.splitlines()[:3] == [
+        f"ada: 0 / {full} points (not started 1 3 12) in {group / 'blank'}",
+        f"done: {full} / {full} points (passed 1 3 12) in {group / 'done'}",
+        f"bo: {points[1] + points[3]:g} / {full} points (passed 1 3; not started 12) in "
+        f"{group / 'half'}"]
     assert result.stdout.splitlines()[-1].startswith(
-        f"wrote {group / 'grades.csv'}: 3 copies against the tests in {ROOT / 'tests'}, in ")
+        f"wrote {group / 'grades.csv'} and grades-status.csv: 3 copies against the tests in "
+        f"{ROOT / 'tests'}, in ")
     assert seconds < 60
+
+
+def test_a_students_statuses_read_as_one_phrase_with_runs_as_spans():
+    rows = [{"number": n, "status": s} for n, s in [
+        (1, "passed"), (2, "not started"), (3, "not started"), (4, "passed"), (5, "not started"),
+        (6, "passed"), (7, "not started"), (8, "not started"), (9, "error"), (10, "timed out"),
+        (11, "needs 10"), (12, "not started"), (13, "not started"), (14, "not started")]]
+    assert classes.summary(rows) == ("passed 1 4 6; not started 2 3 5 7 8 12-14; error 9; "
+                                     "timed out 10; 11 needs 10")
+    assert classes.spans([]) == "" and classes.spans([3, 1, 2, 5]) == "1-3 5"
+    assert classes.status_path(Path("a/grades.csv")) == Path("a/grades-status.csv")
 
 
 def test_class_and_tests_refusals_are_one_line(tmp_path):
@@ -203,8 +224,13 @@ def test_the_copy_is_found_from_a_subfolder_and_another_tree_is_named(tmp_path):
     assert find_copy(tmp_path) is None
     assert mismatch(copy, copy / "minialign" / "__init__.py") is None
     assert mismatch(copy, ROOT / "minialign" / "__init__.py") == (
-        f"this is the copy {copy}, but Python imports minialign from {ROOT / 'minialign'}; run "
+        f"this student copy is {copy}, but Python imports minialign from {ROOT / 'minialign'}; run "
         f"it from {copy} itself (cd {copy}), or `pip install -e {copy}`")
+    fast = copy / "minialign" / "machinery" / "fastpath" / "fast.py"   # a plain checkout has it
+    fast.parent.mkdir(parents=True)
+    fast.write_text("")
+    assert mismatch(copy, ROOT / "minialign" / "__init__.py").startswith(
+        f"this checkout is {copy}, but Python imports minialign from {ROOT / 'minialign'}; ")
 
 
 def test_a_dict_comparison_shows_what_differs_not_a_truncated_repr(tmp_path):

@@ -10,6 +10,7 @@ copy has not done yet (exercises.py); --help prints the whole usage. SIGTERM
 (`kill`, `timeout`, Slurm) stops a command as Ctrl-C does, with the same resume hint.
 """
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from .run.flags import (CHOICE_FIELDS, Parser, UniqueList, add_config_flags, add
                         config_from_args, nonnegative_int, one_of, positive_float, positive_int)
 from .experiment.protocol import (LR_MAX, LR_MIN, LR_PER_DECADE, MAX_EXTENSIONS, OBJECTIVE_ORDER,
                                   SEEDS, Protocol, holds_runs, load_protocol)
-from .run.rundir import Diverged
+from .run.rundir import CHECKPOINT, Diverged
 
 EXIT_DIVERGED = 3   # `train` / `replicate` exit code of a diverged run (2: bad input)
 EXIT_NOT_PASSED = 1  # `grade`: some exercise did not pass (the table says which)
@@ -106,7 +107,19 @@ def run_train(args):
     """Build the config (ValueError for fields that disagree, before --out is touched), train."""
     cfg = config_from_args(args, TrainConfig(), objective=args.objective, captions=args.captions)
     use_threads(args)
-    train(cfg, args.out, force=args.force, resume=args.resume)
+    out = Path(args.out).absolute()
+    made = [p for p in (out, *out.parents) if not p.exists() and not p.is_symlink()]
+    try:
+        train(cfg, args.out, force=args.force, resume=args.resume)
+    except NotImplementedError as e:     # a student copy's stub, reached before a checkpoint:
+        if made and exercises.stub_number(e) and not (out / CHECKPOINT).exists():
+            shutil.rmtree(out, ignore_errors=True)    # the run folder this command made goes,
+            for parent in made[1:]:                   # and its parents it made, if empty
+                if parent.exists() and not any(parent.iterdir()):
+                    parent.rmdir()
+        elif exercises.stub_number(e) and out.exists():     # what to pass when rerunning
+            e.rerun = f"then rerun with --resume ({args.out} holds the run so far)"
+        raise
 
 
 def add_replicate_args(p):
@@ -529,6 +542,8 @@ def main(argv=None):
         return EXIT_NOT_PASSED
     except agreement.Disagree:                       # compare printed which
         return EXIT_DISAGREE
+    except BrokenPipeError:                          # stdout closed: __main__ ends quietly
+        raise
     except (OSError, ValueError, ImportError) as e:   # bad input: one clear line, exit 2
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -536,7 +551,9 @@ def main(argv=None):
         todo = exercises.unfinished(e)
         if todo is None:
             raise
-        print(f"minialign {args.command}: {todo}", file=sys.stderr)
+        rerun = getattr(e, "rerun", None)
+        print(f"minialign {args.command}: {todo}" + (f"; {rerun}" if rerun else ""),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:                # Ctrl-C, or SIGTERM (Terminated)
         how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"

@@ -28,7 +28,7 @@ def add_grade_args(p):
                    help="grade every copy in DIR (each subfolder one student) into one CSV "
                         "(--out), against --tests (default: this repository's tests)")
     p.add_argument("--out", metavar="CSV", help="with --class: the CSV to write (default: "
-                   "DIR/grades.csv)")
+                   "DIR/grades.csv; each exercise's status beside it, DIR/grades-status.csv)")
     p.add_argument("--points", metavar="FILE", help="with --class: the points of each "
                    "exercise, lines 'exercise,points' (default: minialign/machinery/course/"
                    "points.csv)")
@@ -55,6 +55,8 @@ def main(argv):
         run_grade(args)
     except grade.NotAllPassed:
         return EXIT_NOT_PASSED
+    except BrokenPipeError:                          # stdout closed: __main__ ends quietly
+        raise
     except (OSError, ValueError, ImportError) as e:
         print(f"minialign grade: error: {e}", file=sys.stderr)
         return 2

@@ -8,6 +8,9 @@ student edited in their copy change nothing. An exercise earns its points (POINT
 teacher edits, or --points FILE) when it passed, else 0. The CSV, one row per student:
 
     student,copy,1,2,...,N,total
+
+and beside it (grades.csv -> grades-status.csv) the same rows with each exercise's status
+instead of its points: passed, failed, error, timed out, not started, needs N.
 """
 import csv
 import io
@@ -84,20 +87,59 @@ def class_csv(graded):
     return out.getvalue()
 
 
+def status_csv(graded):
+    """The status CSV's text: student, copy, each exercise's status (passed, failed, error,
+    timed out, not started, needs N), the same rows and columns as class_csv's."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["student", "copy", *(r["number"] for r in graded[0][2])])
+    for student, copy, rows, _ in graded:
+        writer.writerow([student, str(copy), *(r["status"] for r in rows)])
+    return out.getvalue()
+
+
+def spans(numbers):
+    """'2 3 5 7 8 10-14': sorted numbers, runs of three or more as first-last."""
+    runs = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return " ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else " ".join(map(str, r)) for r in runs)
+
+
+def summary(rows):
+    """A student's statuses in one phrase: 'passed 1 4 6; error 9; not started 2 3 5 7 8
+    10-13; 14 needs 13', in the order the statuses first occur."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["status"], []).append(r["number"])
+    return "; ".join(f"{spans(numbers)} {state}" if state.startswith("needs ")   # 11 needs 10
+                     else f"{state} {spans(numbers)}" for state, numbers in by.items())
+
+
+def status_path(out):
+    """Where the status CSV goes: beside the points CSV, grades.csv -> grades-status.csv."""
+    return out.with_name(f"{out.stem}-status{out.suffix or '.csv'}")
+
+
 def run_class(folder, numbers=None, tests=None, timeout=TIMEOUT, out=None, points=POINTS):
-    """Grade the class, write the CSV (atomically: a half-written file never replaces a whole
-    one), print one line per student."""
+    """Grade the class, write the CSV and its status CSV (atomically: a half-written file
+    never replaces a whole one), print one line per student."""
     out = Path(out) if out else Path(folder) / "grades.csv"
-    if out.is_dir():
-        raise ValueError(f"--out {out}: is a directory; give the CSV file's path")
+    for path in (out, status_path(out)):
+        if path.is_dir():
+            raise ValueError(f"{path}: is a directory; give the CSV file's path (--out)")
     t0 = time.perf_counter()
     graded = grade_class(folder, numbers, tests, timeout, points)
     text = class_csv(graded)
-    tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    for path, content in ((status_path(out), status_csv(graded)), (out, text)):
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
     full = sum(graded[0][3][r["number"]] for r in graded[0][2])
-    for line in list(csv.reader(io.StringIO(text)))[1:]:
-        print(f"{line[0]}: {line[-1]} / {full:g} points ({line[1]})")
-    print(f"wrote {out}: {len(graded)} copies against the tests in "
+    for line, (_, copy, rows, _) in zip(list(csv.reader(io.StringIO(text)))[1:], graded):
+        print(f"{line[0]}: {line[-1]} / {full:g} points ({summary(rows)}) in {copy}")
+    print(f"wrote {out} and {status_path(out).name}: {len(graded)} copies against the tests in "
           f"{Path(tests or ROOT / 'tests').resolve()}, in {time.perf_counter() - t0:.1f} s")

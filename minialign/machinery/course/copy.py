@@ -35,6 +35,11 @@ def is_copy(folder):
     return (folder / "pyproject.toml").is_file() and (folder / "minialign" / "__init__.py").is_file()
 
 
+def is_student_copy(folder):
+    """A copy written by `exercises`: it lacks the fast path (LEFT_OUT), so holds no solutions."""
+    return is_copy(folder) and not (Path(folder) / LEFT_OUT[2]).is_file()
+
+
 def find_copy(start=None):
     """The copy holding `start` (default: the working directory): start or its nearest parent
     that is_copy, resolved; None outside any copy."""
@@ -53,7 +58,8 @@ def mismatch(copy, package_file):
     root = package_root(package_file)
     if root == Path(copy).resolve():
         return None
-    return (f"this is the copy {copy}, but Python imports minialign from {root / 'minialign'}; "
+    which = "this student copy" if is_student_copy(copy) else "this checkout"
+    return (f"{which} is {copy}, but Python imports minialign from {root / 'minialign'}; "
             f"run it from {copy} itself (cd {copy}), or `pip install -e {copy}`")
 
 

@@ -29,7 +29,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .copy import STUDENT_FILE, is_copy, left_out
+from .copy import STUDENT_FILE, is_copy, is_student_copy, left_out
 
 START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")      # opens exercise N
 END = re.compile(r"^( *)# --- end of exercise (\d+) ---$")        # closes it
@@ -261,6 +261,10 @@ def run_exercises(out, solved=(), list_only=False, root=ROOT, restore=None, stud
     if out is None:
         raise ValueError("say where the student copy goes: python -m minialign exercises OUT "
                          "(make exercises OUT=...)")
+    if (restore is not None or solved) and is_student_copy(root):
+        raise ValueError(f"{Path(root)} is a student copy: it holds no solutions to "
+                         f"{'restore' if restore is not None else 'leave in (--solved)'}; run "
+                         f"this from the repository (the teacher's checkout)")
     if restore is not None:
         if solved or student:
             raise ValueError("--restore: alone (not with --solved or --student)")
