@@ -293,6 +293,15 @@ def test_a_missing_results_directory_says_how_to_make_it(tmp_path, monkeypatch, 
         assert capsys.readouterr().err == f"minialign report: error: {line}\n"
 
 
+def test_report_of_one_train_run_names_evaluate(text_only, capsys):
+    from minialign.__main__ import main
+    run = sorted((text_only["out"] / "runs").iterdir())[0]
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"minialign report: error: {run}: no protocol.json; not a `replicate` results directory: "
+        f"one run is read by `python -m minialign evaluate --run {run}`\n")
+
+
 def test_side_by_side_table_of_two_directories(evaluated, text_only, tmp_path, capsys):
     a = Path(shutil.copytree(evaluated, tmp_path / "grid"))
     b = Path(shutil.copytree(text_only["out"], tmp_path / "grid-sigreg"))
