@@ -166,6 +166,9 @@ def test_the_same_seed_pairs_by_seed_number_and_says_nothing_without_one():
     ({"seeds": (0,)}, "seeds ([0] in MINE, [0, 1, 2] in REPO)"),
     ({"base": {"loss": dataclasses.replace(TrainConfig().loss, anticollapse="sigreg")}},
      "loss.anticollapse ('sigreg' in MINE, 'vicreg' in REPO)"),
+    ({"lr_per_decade": 0, "lr_min": 1e-3, "seeds": (0,)},     # the seed grid's difference first
+     "seeds ([0] in MINE, [0, 1, 2] in REPO); lr_min (0.001 in MINE, 0.0001 in REPO) (lr search "
+     "only); lr_per_decade (0 in MINE, 2 in REPO) (lr search only)"),
 ])
 def test_another_protocol_is_refused_in_one_line(tmp_path, capsys, changes, said):
     code, lines, err = compare(tmp_path, summary(REPO, **changes), summary(REPO), capsys)

@@ -46,7 +46,8 @@ LEVELS = {  # module: level; a module imports only modules of a lower level
     "machinery.images.download": 4, "machinery.images.photos": 6,
     "machinery.images.bert_vocab": 6,
     "machinery.images.caption_stats": 9, "machinery.images.coco": 12,
-    "machinery.images.scoring": 11, "machinery.images.evaluate": 12,
+    "machinery.images.scoring": 11, "machinery.images.recorded": 4,
+    "machinery.images.evaluate": 12,
     "machinery.images.export": 12,
     "machinery.images.synthetic": 12,
     # timing/

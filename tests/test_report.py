@@ -118,6 +118,14 @@ def test_figures_have_the_expected_size_and_are_not_blank(text_only, tmp_path):
         assert colours is None or len(colours) > 20, name     # text, lines and bars drawn
 
 
+def test_axis_ticks_reach_past_the_largest_value_drawn():
+    # the last tick is >= hi: fig_alignment's top * 1.15 leaves every marker below the frame
+    assert figures.nice_ticks(0, 0.68) == [0, 0.2, 0.4, 0.6, 0.8]     # a 0.592 ceiling * 1.15
+    assert figures.nice_ticks(0, 0.35) == [0, 0.1, 0.2, 0.3, 0.4]     # not 0.3 < 0.35 / 1.15
+    assert figures.nice_ticks(0, 0.4) == [0, 0.1, 0.2, 0.3, 0.4]      # hi on a tick: no extra
+    assert figures.nice_ticks(0.02, 0.031) == [0.02, 0.0225, 0.025, 0.0275, 0.03, 0.0325]  # 2.5e-3
+
+
 def test_report_of_a_directory_without_protocol_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="protocol.json"):
         cli(tmp_path)
@@ -291,6 +299,15 @@ def test_a_missing_results_directory_says_how_to_make_it(tmp_path, monkeypatch, 
              "minialign replicate ... --out mine/grid`")]:
         assert main(["report"] + argv) == 2
         assert capsys.readouterr().err == f"minialign report: error: {line}\n"
+
+
+def test_report_of_one_train_run_names_evaluate(text_only, capsys):
+    from minialign.__main__ import main
+    run = sorted((text_only["out"] / "runs").iterdir())[0]
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"minialign report: error: {run}: no protocol.json; not a `replicate` results directory: "
+        f"one run is read by `python -m minialign evaluate --run {run}`\n")
 
 
 def test_side_by_side_table_of_two_directories(evaluated, text_only, tmp_path, capsys):

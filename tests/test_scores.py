@@ -219,3 +219,38 @@ def test_training_writes_metrics_from_the_file_keeping_image_scores(world, tmp_p
     assert saved["image_alignment"] == scored and [e["step"] for e in saved["evals"]] == [0, 2, 4]
     # The grid's run of the same config saved the same bytes: its scores hold for this run too.
     assert scores.score_state(run) == "current"
+
+
+def test_evaluate_without_embeddings_reads_the_recorded_scores_never_suggests_another(
+        world, tmp_path, capsys):
+    """A run scored with A, then rescored with B: `evaluate --run R` shows B's recorded scores
+    and says so; A (the world's file, which it suggested before) is named only with the
+    --rescore it needs. A run without scores still gets the not-computed note."""
+    grid = grid_copy(world, tmp_path)
+    run, bare = grid / "runs" / RUNS[0], grid / "runs" / RUNS[1]
+    assert cli.main(["evaluate", "--run", str(run), "--embeddings", str(world["other"]),
+                     "--rescore"]) == 0
+    capsys.readouterr()
+    before = (run / rundir.METRICS).read_bytes()
+    assert cli.main(["evaluate", "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    sha_b = sha256_file(world["other"])[:12]
+    assert (f"{run}: image scores in metrics.json were computed with {world['other']} (sha256 "
+            f"{sha_b}...) at step 4; rerun with --embeddings {world['other']} to see or "
+            f"refresh them.") in out
+    assert "not computed" not in out and f"--embeddings {world['embeddings']}" not in out
+    scored = rundir.read_metrics(run)["image_alignment"]["steps"][-1]["test"]
+    row = [line.split() for line in out.splitlines() if line.startswith(str(run))][0]
+    assert row[5] == f"{scored['mutual_knn']['mean']:.3f}"      # the recorded mkNN@10 shown
+    assert (run / rundir.METRICS).read_bytes() == before        # nothing written
+    data = json.loads((bare / rundir.METRICS).read_text())
+    del data["image_alignment"]                                 # a run never scored
+    (bare / rundir.METRICS).write_text(json.dumps(data))
+    assert cli.main(["evaluate", "--run", str(run), "--run", str(bare)]) == 0
+    out = capsys.readouterr().out
+    sha_a = sha256_file(world["embeddings"])[:12]
+    assert (f"image alignment of {bare} not computed: it needs the frozen DINOv2 image "
+            f"embeddings of the run's photos ({world['captions']}) and --embeddings was not "
+            f"given. {world['embeddings']} exists: rerun with --embeddings {world['embeddings']}"
+            f"; but {world['embeddings']} (sha256 {sha_a}...) is not the file {run} was scored "
+            f"with: scoring with it needs --rescore.") in out

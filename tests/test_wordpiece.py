@@ -1,6 +1,7 @@
 """WordPiece (minialign/wordpiece.py): BERT's basic tokenization and greedy longest-match
 pieces, by hand on a tiny vocabulary; ids identical to transformers' BertTokenizer on every
-COCO val2017 caption (../shared); the 10,989,568-parameter encoder; training with it."""
+COCO val2017 caption (../shared; BERT's vocabulary from ../shared or `make data`'s
+coco/bert-base-uncased-vocab.txt); the 10,989,568-parameter encoder; training with it."""
 import json
 import shutil
 import string
@@ -9,13 +10,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minialign.machinery.images.bert_vocab import VOCAB_NAME, VOCAB_SHA256
+from minialign.machinery.run.files import sha256_file
 from minialign.model import ModelConfig, init_params, param_count
 from minialign.tokenizer import BOS, EOS, MASK, PAD, UNK, clean_caption
 from minialign.wordpiece import (MAX_WORD_CHARS, SPECIALS, WordPieceTokenizer, basic_tokenize,
                                  read_vocab, word_pieces)
 
-BERT_VOCAB = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizers" / \
+SHARED_VOCAB = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizers" / \
     "bert-base-uncased-vocab.txt"
+MADE_VOCAB = Path(__file__).resolve().parents[1] / "coco" / VOCAB_NAME    # `make data` writes it
+
+
+def find_bert_vocab():
+    """BERT's vocabulary: ../shared's copy, else the one `make data` wrote into the checkout
+    when its sha256 is the one bert_vocab.py pins; None without either."""
+    if SHARED_VOCAB.is_file():
+        return SHARED_VOCAB
+    if MADE_VOCAB.is_file() and sha256_file(MADE_VOCAB) == VOCAB_SHA256:
+        return MADE_VOCAB
+    return None
+
+
+BERT_VOCAB = find_bert_vocab()
+NO_VOCAB = (f"BERT's vocabulary is neither at {SHARED_VOCAB} (../shared) nor at {MADE_VOCAB} "
+            f"with the pinned sha256 (`make data` writes it)")
 BERT_SHA256 = "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"
 # a tiny vocabulary file, specials where BERT's file has them relative to each other: after
 # two unused entries, so read_vocab must move them
@@ -128,8 +147,8 @@ def test_bert_vocabulary_gives_the_replications_10989568_parameters():
 
 @pytest.fixture(scope="module")
 def bert_vocab():
-    if not BERT_VOCAB.exists():
-        pytest.skip(f"BERT's vocabulary not found at {BERT_VOCAB} (../shared is absent)")
+    if BERT_VOCAB is None:
+        pytest.skip(NO_VOCAB)
     return read_vocab(BERT_VOCAB)
 
 
@@ -138,8 +157,8 @@ def bert(tmp_path_factory):
     """transformers' BertTokenizer on the same file, read locally (no hub access): from a
     folder holding it as vocab.txt (transformers 5 ignores BertTokenizer(vocab_file=...))."""
     transformers = pytest.importorskip("transformers", reason="the [export] extra is absent")
-    if not BERT_VOCAB.exists():
-        pytest.skip(f"BERT's vocabulary not found at {BERT_VOCAB} (../shared is absent)")
+    if BERT_VOCAB is None:
+        pytest.skip(NO_VOCAB)
     folder = tmp_path_factory.mktemp("bert")
     shutil.copy(BERT_VOCAB, folder / "vocab.txt")
     return transformers.BertTokenizer.from_pretrained(folder, local_files_only=True,
@@ -147,7 +166,6 @@ def bert(tmp_path_factory):
 
 
 def test_bert_file_ids_are_berts_but_the_five_specials(bert_vocab):
-    from minialign.machinery.run.files import sha256_file
     assert sha256_file(BERT_VOCAB) == BERT_SHA256
     lines = BERT_VOCAB.read_text(encoding="utf-8").split("\n")[:-1]
     assert bert_vocab.vocab_size == len(lines) == 30522
@@ -205,7 +223,6 @@ def letters_vocab(path, extra=()):
 def test_train_with_wordpiece_records_it_and_resume_checks_the_file(tmp_path):
     from minialign.machinery.images.synthetic import write_world
     from minialign.machinery.run.encoder import embed_captions, load_model
-    from minialign.machinery.run.files import sha256_file
     from minialign.train import TrainConfig, train
     captions, _ = write_world(tmp_path / "world", n_scenes=60, seed=0, world="v1")
     vocab = letters_vocab(tmp_path / "vocab.txt")
@@ -265,9 +282,9 @@ def test_get_vocab_downloads_checks_and_reuses(tls_server, tls_cert, tmp_path, m
     import hashlib
     from minialign.machinery.images import bert_vocab
     monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))
-    data = (BERT_VOCAB.read_bytes() if BERT_VOCAB.exists() else
+    data = (BERT_VOCAB.read_bytes() if BERT_VOCAB is not None else
             letters_vocab(tmp_path / "tiny.txt").read_bytes())
-    check = ({} if BERT_VOCAB.exists() else
+    check = ({} if BERT_VOCAB is not None else
              {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     tls_server.files["vocab.txt"] = data
     root = tmp_path / "coco"

@@ -22,7 +22,7 @@ and never closer than FLOOR demands. The world's ceiling (one number, no seeds) 
 FLOOR. Each line also says how far apart the values of the same seed are (information only).
 The two protocols must be the same but for the layer set (fast or reference: the same
 maths within float rounding) and the spelling of the captions path (the files' sha256 must
-match when both are known); any other difference is refused in one line.
+match when both are known); any other difference is refused in one line, seed grid's first.
 """
 import dataclasses
 import json
@@ -35,7 +35,7 @@ import numpy as np
 from ..run.files import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from .compare import flat
 from .figures import LABELS
-from .protocol import Protocol
+from .protocol import LR_SEARCH_FIELDS, Protocol
 from .report import IMAGE_KEYS, TEXT_KEY, cell, collect, fmt, not_results_dir
 from .speed import mean_std
 
@@ -182,10 +182,11 @@ def protocol_refusal(mine, ref, names):
     a, b = (flat(as_saved_now(s["protocol"])) for s in (mine, ref))
     differ = [n for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n) and n not in ALLOWED]
     said = [f"{n.removeprefix('base.')} ({a.get(n)!r} in {names[0]}, {b.get(n)!r} in "
-            f"{names[1]})" for n in differ]
+            f"{names[1]}){' (lr search only)' * (n in LR_SEARCH_FIELDS)}" for n in differ]
     if mine.get("captions_sha256") and ref.get("captions_sha256") and \
             mine["captions_sha256"] != ref["captions_sha256"]:
         said.append("the captions file (another sha256: another synthetic world?)")
+    said.sort(key=lambda line: line.endswith("(lr search only)"))   # the seed grid's first
     if not said:
         return None
     return (f"{names[0]}: made under another protocol than {names[1]}: {'; '.join(said)}; "

@@ -53,11 +53,13 @@ def font(size):
 
 
 def nice_ticks(lo, hi, n=5):
-    """About n round tick values covering [lo, hi] (steps of 1, 2, 2.5 or 5 x 10^k)."""
+    """About n round tick values covering [lo, hi] (steps of 1, 2, 2.5 or 5 x 10^k): the
+    last is >= hi, so a value up to hi is drawn inside the frame, never on or above it."""
     raw = (hi - lo) / n
     step = 10 ** math.floor(math.log10(raw))
     step *= next(m for m in (1, 2, 2.5, 5, 10) if raw <= step * m)
-    return [round(t, 10) for t in np.arange(math.floor(lo / step) * step, hi + step / 2, step)]
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(k * step, 10) for k in range(first, last + 1)]
 
 
 def axes(draw, box, x_range, y_range, xlog=False):
@@ -90,10 +92,13 @@ def dashed(draw, a, b, width=3, fill=GREY):
 
 def hline(draw, px, x0, x1, y, label=None, fill=GREY, where="lb"):
     """Dashed horizontal line (a chance level), labelled at its left end: just above it
-    (where="lb"), just below it ("lt"), or above its right end ("rb")."""
+    (where="lb"), just below it ("lt"), above its right end ("rb"), or past its right end,
+    outside the frame, where no marker is ("out")."""
     a, b = px(x0, y), px(x1, y)
     dashed(draw, a, b, fill=fill)
-    if label:
+    if label and where == "out":
+        draw.text((b[0] + 8, b[1]), label, font=font(24), fill=(90, 90, 90), anchor="lm")
+    elif label:
         x = b[0] - 10 if where[0] == "r" else a[0] + 10
         draw.text((x, a[1] + (6 if where[1] == "t" else -6)), label, font=font(24),
                   fill=fill if fill != GREY else (90, 90, 90), anchor=where)
@@ -131,7 +136,7 @@ def fig_alignment(results, path):
     objs, published = list(results["objectives"]), results["published"]
     width = (FIG_SIZE[0] - 160) // len(metrics)
     for i, key in enumerate(metrics):
-        box = (120 + i * width, 140, 120 + (i + 1) * width - 100, 760)
+        box = (120 + i * width, 140, 120 + (i + 1) * width - 210, 760)  # room: chance label
         rows = [results["objectives"][o][key] for o in objs]
         ceiling = results.get("ceiling") if key == "mutual_knn" else None
         untrained = [untrained_level(results, o, key) for o in objs]
@@ -141,7 +146,7 @@ def fig_alignment(results, path):
         px = axes(draw, box, (-0.5, len(objs) - 0.5), (0, top * 1.15))
         chance = results["chance"].get(key)
         title = LABELS[key] + (f" (chance {chance:.3f})" if chance is not None else "")
-        draw.text(((box[0] + box[2]) / 2, 100), title, font=font(30), fill=INK, anchor="ma")
+        draw.text(((box[0] + box[2]) / 2, 86), title, font=font(30), fill=INK, anchor="ma")
         for j, (obj, row) in enumerate(zip(objs, rows)):
             x0, _ = px(j - 0.3, 0)
             x1, base = px(j + 0.3, 0)
@@ -163,7 +168,7 @@ def fig_alignment(results, path):
             if level is not None:
                 dashed(draw, px(j - 0.36, level), px(j + 0.36, level), width=5, fill=INK)
         if chance is not None:
-            hline(draw, px, -0.5, len(objs) - 0.5, chance, "chance", where="rb")
+            hline(draw, px, -0.5, len(objs) - 0.5, chance, "chance", where="out")
         if ceiling is not None:
             hline(draw, px, -0.5, len(objs) - 0.5, ceiling, f"world ceiling {ceiling:.3f}",
                   CEILING)

@@ -30,6 +30,7 @@ MAX_EXTENSIONS = 2                               # grid points added beyond an e
 LR_DIGITS = 3                                    # significant digits of a grid lr
 KINDS = ("replicate", "scaling")
 OLD_PROTOCOL_DEFAULTS = {"kind": "replicate", "sizes": []}   # protocol.json before the sweep
+LR_SEARCH_FIELDS = ("lr_min", "lr_max", "lr_per_decade", "max_extensions")  # not the seed grid's
 
 
 @dataclasses.dataclass(frozen=True)

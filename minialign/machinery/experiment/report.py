@@ -151,9 +151,11 @@ MAKE_TARGETS = {"results/coco": "replicate", "results/coco-quick": "replicate-qu
 def not_results_dir(out):
     """Why `out` is not a replicate results directory, on one line: absent (and the command
     that makes it: the Makefile's target for its directories, else replicate --out) or
-    without protocol.json."""
+    without protocol.json (a `train` run's directory: the evaluate command that reads it)."""
     if out.is_dir():
-        return f"{out}: no protocol.json; not a `replicate` results directory"
+        run = (out / "config.json").is_file()                  # one `train` run's directory
+        read = f": one run is read by `python -m minialign evaluate --run {out}`" if run else ""
+        return f"{out}: no protocol.json; not a `replicate` results directory{read}"
     name = out.as_posix().removesuffix("-sigreg")
     sigreg = " ANTICOLLAPSE=sigreg" if name != out.as_posix() else ""
     how = (f"make {MAKE_TARGETS[name]}{sigreg}" if name in MAKE_TARGETS

@@ -6,8 +6,9 @@ where the embeddings come from when they are missing.
 
 The scoring of one run is scoring.py's (what is computed, on which photos); this module is the
 command around it: the runs checked, locked and scored, the summary table, and the one line
-that says how to make a missing embeddings file. Without --embeddings only the text-side
-metrics are printed, which is not an error, and nothing is written; an --embeddings path that
+that says how to make a missing embeddings file. Without --embeddings nothing is scored or
+written, which is not an error: the text-side metrics, and the image scores the runs already
+hold with the file they were computed with (recorded.py); an --embeddings path that
 does not exist is an error that names it and the export command that creates it.
 
 With --embeddings, every run is locked (run/runlock.py) before it is read and stays locked
@@ -26,6 +27,7 @@ from .embeddings import describe_join, load_embeddings, model_label, sha256_file
 from .scoring import (K, RECALL_KS, evaluate_run, evaluate_split,  # noqa: F401
                       load_caption_slots, score_run, score_test, slot_summary,
                       write_image_alignment)
+from .recorded import other_file_warning, recorded, recorded_lines, shown_alignments
 from ..run.rundir import check_run_dir, read_metrics, read_run_config
 from ..run.runlock import hold
 from ..run.scores import file_label, score_state, scored_with, stale_phrase
@@ -118,15 +120,25 @@ def how_to_export(path, captions):
     return f"{how}then rerun with --embeddings {path}."
 
 
-def missing_embeddings_note(captions):
-    """What to print when --embeddings was omitted for a run trained on `captions`: text-side
-    metrics only, not an error; which file would add the image side, and how to make it."""
-    path = expected_embeddings(captions)
-    how = (f"{path} exists: rerun with --embeddings {path}." if Path(path).is_file()
-           else how_to_export(path, captions))
-    return (f"image alignment not computed: it needs the frozen DINOv2 image embeddings of the "
-            f"run's photos ({captions}) and --embeddings was not given. {how} "
-            f"Shown above: the text-side metrics only.")
+def missing_embeddings_note(captions, found=()):
+    """What to print when --embeddings was omitted for runs trained on `captions`: text-side
+    metrics, not an error. found: recorded.recorded(runs); a run holding image scores is
+    told which file (and step) they were computed with and how to see or refresh them; for
+    runs without scores, which file would add the image side and how to make it, never a
+    file whose sha256 differs from a recorded one without saying it needs --rescore."""
+    lines = recorded_lines(found)
+    unscored = [str(r) for r, _, rec, _ in found if not rec]
+    if unscored or not found:
+        path = expected_embeddings(captions)
+        how = (f"{path} exists: rerun with --embeddings {path}." if Path(path).is_file()
+               else how_to_export(path, captions))
+        other = other_file_warning(path, found)
+        how = f"{how[:-1]}; but {other}." if other else how
+        which = f" of {', '.join(unscored)}" if lines else ""
+        lines.append(f"image alignment{which} not computed: it needs the frozen DINOv2 image "
+                     f"embeddings of the run's photos ({captions}) and --embeddings was not "
+                     f"given. {how} Shown above: the text-side metrics only.")
+    return "\n".join(lines)
 
 
 def check_embeddings_path(path, captions):
@@ -208,13 +220,17 @@ def evaluate_runs(run_dirs, embeddings=None, as_json=False, rescore=False, wait=
     config = configs[0]
     captions = config.get("captions") or "<captions>"       # for the export command we print
     emb = note = None
+    shown = {}
     if embeddings is not None:
         check_embeddings_path(embeddings, captions)
         emb = load_embeddings(embeddings)
         results = score_and_write(runs, emb, rescore, wait)
     else:
-        note = missing_embeddings_note(captions)
-        results = [evaluate_run(r, None, write=False) for r in runs]      # reads only
+        found = recorded(runs)                              # scores the runs already hold
+        note = missing_embeddings_note(captions, found)
+        shown = shown_alignments(found)
+        results = [{**shown[r["run"]], "run": r["run"]} if r["run"] in shown else r
+                   for r in (evaluate_run(r, None, write=False) for r in runs)]  # reads only
     rows = [summary_row(r) for r in results]
     summary = {"embeddings": results[0]["embeddings"], "k": K, "runs": rows,
                "join": [r["join"] for r in results], "note": note}
@@ -231,7 +247,9 @@ def evaluate_runs(run_dirs, embeddings=None, as_json=False, rescore=False, wait=
               f"{results[0]['embeddings']['sha256'][:12]}...); test metrics are means over "
               f"caption slots, R@1 after a Procrustes rotation fitted on the train photos; "
               f"chance: mkNN@{K} = {K}/(N-1), R@1 = 1/N")
-    print(format_table(rows, image=emb is not None))
+    if shown:
+        print("image scores: as recorded in the runs' metrics.json, not recomputed")
+    print(format_table(rows, image=emb is not None or bool(shown)))
     if note:
         print(note)
     return summary
