@@ -17,7 +17,7 @@ from minialign.machinery.grid import replicate
 from minialign.machinery.images import synthetic
 from minialign.machinery.images.embeddings import load_embeddings
 from minialign.machinery.run.files import read_json
-from minialign.model import ModelConfig
+from minialign.model import DEFAULT_LAYERS, ModelConfig
 from minialign.train import TrainConfig
 
 KEYS = ["mutual_knn", "R@1", "R@5", "R@10", "paraphrase_R@1"]
@@ -229,8 +229,8 @@ def test_a_json_that_is_no_summary_and_a_missing_directory(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the docs' table
-TABLE = """\
-D=64, 1 block, 500 steps of 256 photos, lr 0.00316 for the seed grid, `--layers fast`, \
+TABLE = f"""\
+D=64, 1 block, 500 steps of 256 photos, lr 0.00316 for the seed grid, `--layers {DEFAULT_LAYERS}`, \
 commit `abc1234`; test split, mean ± sample std (ddof 1) over seeds 0, 1, 2 and each seed's value:
 
 | row | mutual-kNN@10 | per seed | R@1, caption -> image | per seed | paraphrase R@1 |
