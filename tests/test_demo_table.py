@@ -15,7 +15,6 @@ import pytest
 from minialign.machinery.cli import parser, protocol_from_args
 from minialign.machinery.experiment import agreement
 from minialign.machinery.experiment.compare import flat
-from minialign.machinery.experiment.protocol import Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY, PAGE = ROOT / agreement.DEFAULT_REFERENCE, ROOT / "docs" / "results.md"
@@ -45,8 +44,8 @@ def demo_protocol():
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_the_committed_summary_was_made_under_the_demos_protocol():
     # read back as protocol.json is (a field added since reads as its default), then compared
-    saved = Protocol(**agreement.load(SUMMARY)["protocol"])
-    saved, now = flat(json.loads(json.dumps(dataclasses.asdict(saved)))), flat(demo_protocol())
+    saved = flat(agreement.as_saved_now(agreement.load(SUMMARY)["protocol"]))
+    now = flat(demo_protocol())
     differ = [f"{name} (saved {saved.get(name)!r}, make demo now {now.get(name)!r})"
               for name in sorted(set(saved) | set(now))
               if saved.get(name) != now.get(name) and name != "base.model.layers"]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...model import DEFAULT_LAYERS
 from ..run.files import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from .compare import flat
 from .figures import LABELS
@@ -173,8 +174,10 @@ def write_table(page, text):
 # ---------------------------------------------------------------- the check
 def as_saved_now(protocol):
     """A protocol as this minialign reads it back: a setting added since it was saved reads
-    as its default (protocol.json's own rule), so an older summary still compares."""
-    return json.loads(json.dumps(dataclasses.asdict(Protocol(**protocol))))
+    as its default (protocol.json's own rule), so an older summary still compares. The layer
+    set, which may differ, reads as this checkout's default (a student copy has no fast set)."""
+    base = {**protocol["base"], "model": {**protocol["base"]["model"], "layers": DEFAULT_LAYERS}}
+    return json.loads(json.dumps(dataclasses.asdict(Protocol(**{**protocol, "base": base}))))
 
 
 def protocol_refusal(mine, ref, names):
