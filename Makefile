@@ -15,7 +15,11 @@ SEED       ?= 0
 # and writes into a directory whose name ends in -reference. A student copy has no fast path:
 # reference is its default (docs/course.md, "What the student copy holds").
 LAYERS     ?= $(if $(wildcard minialign/machinery/fastpath/fast.py),fast,reference)
-LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)
+# DTYPE=float64: train in float64, whose rounding is too small for training to carry into the
+# results (docs/protocol.md, "Results that do not depend on rounding"; slower); every target
+# that trains takes it, into a directory whose name ends in -float64.
+DTYPE      ?= float32
+LAYERS_SUFFIX = $(if $(filter reference,$(LAYERS)),-reference)$(if $(filter float64,$(DTYPE)),-float64)
 RUN        ?= runs/$(OBJECTIVE)-seed$(SEED)$(LAYERS_SUFFIX)
 # The tokenizer of the runs on real captions (train, replicate, eta): wordpiece, BERT's uncased
 # vocabulary (30,522 entries: the replication's 10,989,568-parameter encoder; `make data`
@@ -80,7 +84,7 @@ train:              ## make train OBJECTIVE=next_token STEPS=1000 SEED=1 [RESUME
 	$(CHECK_CAPTIONS)
 	$(CHECK_VOCAB)
 	$(PY) -m minialign train --objective $(OBJECTIVE) --captions $(CAPTIONS) \
-	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) $(TOKENIZER_FLAGS) --out $(RUN) \
+	    --steps $(STEPS) --seed $(SEED) --layers $(LAYERS) --dtype $(DTYPE) $(TOKENIZER_FLAGS) --out $(RUN) \
 	    $(if $(RESUME),--resume) $(if $(FORCE),--force)
 
 # bench and bench-torch time a real COCO batch: the first captions file replicate-quick finds
@@ -97,7 +101,7 @@ bench-torch:        ## minialign vs PyTorch eager (benchmarks/torch_step.py) on 
 # ANTICOLLAPSE=sigreg: every objective with LeJEPA's SIGReg in place of VICReg's variance +
 # covariance (--anticollapse), into its own results directory (the name ends in -sigreg).
 ANTICOLLAPSE ?= vicreg
-AC_SUFFIX   = $(if $(filter sigreg,$(ANTICOLLAPSE)),-sigreg)$(LAYERS_SUFFIX)  # and -reference (LAYERS)
+AC_SUFFIX   = $(if $(filter sigreg,$(ANTICOLLAPSE)),-sigreg)$(LAYERS_SUFFIX)  # and -reference, -float64
 RESULTS    ?= results/coco$(TOK_SUFFIX)$(AC_SUFFIX)
 QUICK      ?= results/coco-quick$(QUICK_TOK_SUFFIX)$(AC_SUFFIX)
 DEMO       ?= results/synthetic$(AC_SUFFIX)
@@ -111,7 +115,7 @@ JOBS       ?=
 THREADS    ?=
 JOBS_FLAG   = $(if $(JOBS),--jobs $(JOBS)) $(if $(THREADS),--threads $(THREADS))
 REPLICATE_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
-	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) $(TOKENIZER_FLAGS) \
+	--out $(RESULTS) --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) --dtype $(DTYPE) $(TOKENIZER_FLAGS) \
 	$(JOBS_FLAG)
 
 replicate:          ## 3 objectives x seeds 0-2, 3000 steps x 256 photos, lr 1e-3 + per-objective lr search
@@ -148,7 +152,7 @@ NOTE_QUICK_VOCAB = @test -n "$(QUICK_VOCAB)" || echo 'replicate-quick: the word 
 QUICK_ARGS = --captions $(QUICK_CAPTIONS) --embeddings $(QUICK_EMBEDDINGS) \
 	--image-eval $(IMAGE_EVAL) --out $(QUICK) --seeds 0 --steps 200 --batch-photos 128 \
 	--warmup-steps 20 --eval-every 50 --lr-search off --anticollapse $(ANTICOLLAPSE) \
-	--layers $(LAYERS) $(if $(QUICK_VOCAB),--tokenizer wordpiece --vocab $(QUICK_VOCAB)) \
+	--layers $(LAYERS) --dtype $(DTYPE) $(if $(QUICK_VOCAB),--tokenizer wordpiece --vocab $(QUICK_VOCAB)) \
 	$(JOBS_FLAG)
 replicate-quick:    ## one seed, 200 steps x 128 photos, no lr search: same table shape
 	$(CHECK_QUICK)
@@ -170,7 +174,7 @@ demo: $(DEMO_WORLD)/captions_synthetic.json  ## 3 objectives x seeds 0-2 + lr se
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(DEMO) \
 	    --steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 \
 	    --lr-min 1e-3 --lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4 \
-	    --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) $(EXPECTED)
+	    --anticollapse $(ANTICOLLAPSE) --layers $(LAYERS) --dtype $(DTYPE) $(EXPECTED)
 
 # Each choice the replication's write-up leaves unsaid, flipped alone (docs/protocol.md): the
 # demo's protocol (3 objectives x seeds 0-2 at its lr, no search) per choice, and with real
@@ -182,7 +186,7 @@ ablations: $(DEMO_WORLD)/captions_synthetic.json  ## each unsaid choice flipped:
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(ABLATIONS) \
 	    --steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 \
-	    --d-model 64 --n-layers 1 --n-heads 4 --layers $(LAYERS) \
+	    --d-model 64 --n-layers 1 --n-heads 4 --layers $(LAYERS) --dtype $(DTYPE) \
 	    --text-captions "$(QUICK_CAPTIONS)" $(JOBS_FLAG)
 
 demo-compare:       ## after `make demo` and `make demo ANTICOLLAPSE=sigreg`: VICReg vs SIGReg side by side
@@ -202,7 +206,7 @@ report:             ## rebuild results.md, results.json and the figures: make re
 SCALING      ?= results/coco-scaling$(LAYERS_SUFFIX)
 GRID         ?= plus
 SCALING_ARGS = --captions $(CAPTIONS) --embeddings $(EMBEDDINGS) --image-eval $(IMAGE_EVAL) \
-	--out $(SCALING) --grid $(GRID) --layers $(LAYERS) $(JOBS_FLAG)
+	--out $(SCALING) --grid $(GRID) --layers $(LAYERS) --dtype $(DTYPE) $(JOBS_FLAG)
 
 scaling:            ## encoder sizes x 3 objectives x seeds 0-2 at the replication's steps, batch, lr
 	$(CHECK_CAPTIONS)
@@ -220,7 +224,7 @@ scaling-demo: $(DEMO_WORLD)/captions_synthetic.json  ## the sweep on the synthet
 	    --captions $(DEMO_WORLD)/captions_synthetic.json \
 	    --embeddings $(DEMO_WORLD)/embeddings_synthetic.npz --out $(SCALING_DEMO) \
 	    --widths 16 32 64 --depths 1 2 --center 32 1 --seeds 0 1 --steps 100 --batch-photos 64 \
-	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --layers $(LAYERS) --no-estimate $(JOBS_FLAG)
+	    --warmup-steps 10 --eval-every 20 --lr 3.16e-3 --layers $(LAYERS) --dtype $(DTYPE) --no-estimate $(JOBS_FLAG)
 
 # ---- the course kit (docs/course.md): a student copy with every exercise blanked, and the grader.
 # grade, exercises and demo print the tool's own lines and end quietly (exit 0) on an expected

@@ -37,6 +37,7 @@ BLOCK_PARAMS = ("ln1.gamma", "ln1.beta", "attn.w_qkv", "attn.b_qkv", "attn.w_o",
 PROJECTOR_PARAMS = ("projector.w_in", "projector.b_in", "projector.ln.gamma", "projector.ln.beta",
                     "projector.w_out", "projector.b_out")   # init_params' order
 POOLS = ("mean", "last")   # ModelConfig.causal_pool: a causal caption's vector (encode)
+DTYPES = ("float32", "float64")   # ModelConfig.dtype: the arithmetic the run trains in
 LAYER_SETS = {"fast": fast, "reference": layers} if fastpath.PRESENT else {"reference": layers}
 DEFAULT_LAYERS = "fast" if fastpath.PRESENT else "reference"  # ModelConfig.layers' default
 STUDENT_COPY_LAYERS = ("layers=fast: a student copy has no fast path (docs/course.md, \"What the "
@@ -80,12 +81,15 @@ class ModelConfig:
     layers: str = DEFAULT_LAYERS  # "fast" (machinery/fastpath/fast.py) | "reference" (layers.py)
     projector_dim: int = 0      # P: VICReg's expander after the encoder (project); 0: none
     causal_pool: str = "mean"   # causal (next_token) z: "mean" of the tokens | "last" token's hf
+    dtype: str = "float32"      # the weights' and so every activation's dtype (init_params);
+                                # "float64": results that do not depend on rounding (docs/protocol.md)
 
     def __post_init__(self):
         """Raises ValueError naming the field and its valid range."""
         if self.layers == "fast" and not fastpath.PRESENT:
             raise ValueError(STUDENT_COPY_LAYERS)
-        check_fields(self, choices={"layers": ("fast", "reference"), "causal_pool": POOLS},
+        check_fields(self, choices={"layers": ("fast", "reference"), "causal_pool": POOLS,
+                                     "dtype": DTYPES},
                      integers={"vocab_size": len(SPECIALS), "max_len": MIN_MAX_LEN, "d_model": 1,
                                "n_layers": 1, "n_heads": 1, "mlp_ratio": 1, "projector_dim": 0})
         if self.d_model % self.n_heads:
@@ -98,13 +102,14 @@ def layer_set(cfg):
     return LAYER_SETS[cfg.layers]
 
 
-def init_params(cfg, rng, dtype=np.float32):
-    """Fresh weights: N(0, INIT_STD^2) matrices and embeddings, with the two projections that
+def init_params(cfg, rng, dtype=None):
+    """Fresh weights, of cfg.dtype unless `dtype` is given: N(0, INIT_STD^2) matrices and embeddings, with the two projections that
     write into the residual stream (attn.w_o, mlp.w_out) scaled by 1/sqrt(2L) as in GPT-2;
     zero biases, LayerNorm gains 1 and shifts 0. rng: numpy Generator. Returns {name: array}.
     The projector's weights (projector_dim > 0) are drawn last, N(0, INIT_STD^2) both, so the
     encoder's are those of a run without it."""
     D, F, L = cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.n_layers
+    dtype = np.dtype(cfg.dtype if dtype is None else dtype)
     normal = lambda *shape, std=INIT_STD: (std * rng.standard_normal(shape)).astype(dtype)
     resid_std = INIT_STD / np.sqrt(2 * L)
     params = {"tok_emb": normal(cfg.vocab_size, D), "pos_emb": normal(cfg.max_len, D)}

@@ -53,10 +53,10 @@ TRAIN_FIELDS = ("steps", "seed", "lr", "batch_photos", "warmup_steps", "weight_d
                 "mask_rate", "anticollapse_weight", "sim_weight", "var_weight", "cov_weight",
                 "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                 "sigreg_points", "eval_every", "split_seed", "d_model", "n_layers", "n_heads",
-                "mlp_ratio", "max_len", "layers", "tokenizer", "vocab") + CHOICE_FIELDS
+                "mlp_ratio", "max_len", "layers", "dtype", "tokenizer", "vocab") + CHOICE_FIELDS
 REPLICATE_FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "d_model",
                     "n_layers", "n_heads", "mlp_ratio", "max_len", "anticollapse",
-                    "sigreg_weight", "layers", "tokenizer", "vocab") + CHOICE_FIELDS
+                    "sigreg_weight", "layers", "dtype", "tokenizer", "vocab") + CHOICE_FIELDS
 BENCH_FIELDS = ("seed", "batch_photos", "d_model", "n_layers", "n_heads", "mlp_ratio",
                 "tokenizer", "vocab")
 

@@ -40,6 +40,11 @@ def tokenizer_words(base):
     return "word tokenizer"
 
 
+def dtype_words(model):
+    """The protocol line's arithmetic: "" in float32 (the replication's), else " in float64"."""
+    return f" in {model['dtype']}" if model.get("dtype", "float32") != "float32" else ""
+
+
 def format_markdown(results):
     """results.md: the table, the difference, the lr search, the machine (deterministic)."""
     p, image, chance = results["protocol"], results["image"], results["chance"]
@@ -48,7 +53,8 @@ def format_markdown(results):
              f"{len(p['objectives'])} objectives x seeds {', '.join(map(str, p['seeds']))}: "
              f"{base['steps']} steps of {base['batch_photos']} photos (two captions each), "
              f"lr {base['lr']:g} for every objective, encoder D={model['d_model']} "
-             f"L={model['n_layers']}, {tokenizer_words(base)}; captions `{base['captions']}`"
+             f"L={model['n_layers']}{dtype_words(model)}, {tokenizer_words(base)}; captions "
+             f"`{base['captions']}`"
              f"{' (SYNTHETIC world ' + results['world'] + ')' if results.get('world') else ''}"
              f". Test split; image metrics "
              f"are means over the 5 caption slots (R@1: caption -> image after an orthogonal "

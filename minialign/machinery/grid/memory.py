@@ -9,6 +9,8 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
+
 from ..fastpath import rows
 from ..run.machine import available_cores
 # Peak resident memory of one run, MB, fitted to bench's peak_rss_mb at --threads 1 (numpy 2.4,
@@ -38,7 +40,8 @@ def run_memory_mb(cfg, vocab_size=None):
     all (n, V) logits: its partials of dtok_emb (V, D), one per block of rows.gemm_blocks(n),
     and dtok_emb itself, plus MEM_HEAD_CHUNKS logits blocks of (rows.GEMM_BLOCK, V) (~0.16 GB
     of ~1.2 GB at the default size; measured: a next_token bench process peaks ~45 MB above a good_views one).
-    vocab_size: V, else cfg.model.vocab_size."""
+    vocab_size: V, else cfg.model.vocab_size. Fitted in float32; everything but the base
+    doubles in float64 (ModelConfig.dtype)."""
     m = cfg.model
     V = vocab_size or m.vocab_size
     n = 2 * cfg.batch_photos * TOKENS_PER_CAPTION                  # real tokens per step
@@ -47,8 +50,9 @@ def run_memory_mb(cfg, vocab_size=None):
     head = (partials * V * m.d_model + MEM_HEAD_CHUNKS * rows.GEMM_BLOCK * V) * 4
     head = head if cfg.objective == "next_token" else 0.0
     weights = 4 * 4 * (V * m.d_model + m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model ** 2)
-    return MEM_MARGIN * (MEM_BASE_MB + (activations + head + weights + reference_mb(cfg, V)
-                                        * 2**20) / 2**20)
+    wide = np.dtype(m.dtype).itemsize / 4                          # 2 in float64
+    return MEM_MARGIN * (MEM_BASE_MB + wide * (activations + head + weights
+                                               + reference_mb(cfg, V) * 2**20) / 2**20)
 
 
 def reference_mb(cfg, V):

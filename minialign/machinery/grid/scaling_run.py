@@ -33,7 +33,7 @@ from ..experiment.scaling import (CENTER, DEPTHS, GRIDS, WIDTHS, count_params, s
 # the training flags `scaling` exposes (flags.TRAIN_FLAGS); the sizes come from --widths,
 # --depths, --grid and --center, heads and MLP width from scaling.size_config
 FIELDS = ("steps", "batch_photos", "lr", "warmup_steps", "eval_every", "max_len",
-          "anticollapse", "sigreg_weight", "layers", "tokenizer", "vocab")
+          "anticollapse", "sigreg_weight", "layers", "dtype", "tokenizer", "vocab")
 
 
 # ---------------------------------------------------------------- the command line

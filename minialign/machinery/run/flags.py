@@ -230,6 +230,10 @@ TRAIN_FLAGS = {
     "layers": ("the layer set the model runs: fast (machinery/fastpath/fast.py) or reference "
                "(minialign/layers.py, the readable one; slower, same maths)",
                one_of("fast", "reference")),    # model.LAYER_SETS
+    "dtype": ("the arithmetic: float32 (as the replication trains), or float64, whose "
+              "rounding is too small for training to carry into the results (slower; "
+              "docs/protocol.md, \"Results that do not depend on rounding\")",
+              one_of("float32", "float64")),      # model.DTYPES
     # the choices the replication's write-up leaves unsaid (docs/protocol.md), today's default
     "projector_dim": ("VICReg's projector (expander) after the encoder: Linear-LayerNorm-GELU-"
                       "Linear of this width, the loss on its output, every metric on z before "
@@ -242,7 +246,7 @@ TRAIN_FLAGS = {
                       "them on rounding noise, or freeze them", one_of("train", "freeze")),
 }
 MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_ratio", "max_len", "layers",
-                "projector_dim", "causal_pool")
+                "projector_dim", "causal_pool", "dtype")
 LOSS_FIELDS = ("mask_rate", "sim_weight", "var_weight", "cov_weight", "anticollapse_weight",
                "anticollapse", "sigreg_weight", "sigreg_directions", "sigreg_t_max",
                "sigreg_points", "mask_mode", "unseen_params")

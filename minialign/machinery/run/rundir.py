@@ -40,7 +40,8 @@ ADDED_LOSS_DEFAULTS = {"anticollapse": "vicreg", "sigreg_weight": 25.0 * 4 * 0.0
                        "sigreg_directions": 256, "sigreg_t_max": 3.0, "sigreg_points": 17,
                        "mask_mode": "replace", "unseen_params": "train"}   # (#29)
 ADDED_MODEL_DEFAULTS = {"layers": "fast",   # ModelConfig.layers (#20): every older run was fast
-                        "projector_dim": 0, "causal_pool": "mean"}   # (#29)
+                        "projector_dim": 0, "causal_pool": "mean",   # (#29)
+                        "dtype": "float32"}
 ADDED_DEFAULTS = {"tokenizer": "words", "vocab": ""}   # TrainConfig's (#29): older runs: words
 RUN_FILES = (CONFIG, LOG, METRICS, CHECKPOINT, MODEL, DIVERGED, LOCK_FILE)
 RUN_FORMAT = 1   # config.json["format"] that this minialign writes and reads (absent = 1)
