@@ -185,6 +185,18 @@ def test_speed_table_follows_the_saved_curves(text_only):
     assert "steps to reach next_token's final value" in report.format_markdown(results)
 
 
+def test_protocol_line_says_float64_and_only_float64(text_only):
+    """--dtype float64 runs (#29) say so in results.md's protocol line; float32 runs, the
+    replication's arithmetic, say nothing."""
+    results = report.collect(text_only["out"])
+    model = results["protocol"]["base"]["model"]
+    assert model["dtype"] == "float32"
+    line = f"encoder D={model['d_model']} L={model['n_layers']}"
+    assert f"{line}, word tokenizer" in report.format_markdown(results)
+    model["dtype"] = "float64"
+    assert f"{line} in float64, word tokenizer" in report.format_markdown(results)
+
+
 # ---------------------------------------------------------------- context rows, side by side
 @pytest.fixture(scope="module")
 def evaluated(text_only, tmp_path_factory):
