@@ -116,7 +116,8 @@ def test_a_table_that_agrees_exits_0(tmp_path, capsys):
     assert lines[-1] == "all 21 agree"
     # diff 0.005 <= 0.00653: agrees, and says by how much it could have differed
     assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
-        "agree: 0.0750 vs 0.0700 (allowed 0.0065; spread 0.0040; seeds 3 and 3; same seed up "
+        "agree: 0.0750 vs 0.0700 (allowed 0.0065; spread 0.0040, the difference 1.25 of it; "
+        "seeds 3 and 3; same seed up "
         "to 0.0050)")
 
 
@@ -125,8 +126,8 @@ def test_one_metric_off_is_named_and_exits_1(tmp_path, capsys):
     code, lines, err = compare(tmp_path, summary(mine), summary(REPO), capsys)
     assert code == 1 and err == ""
     assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
-        "differs by 0.0100: 0.0800 vs 0.0700 (allowed 0.0065; spread 0.0040; seeds 3 and 3; "
-        "same seed up to 0.0100)")
+        "differs by 0.0100: 0.0800 vs 0.0700 (allowed 0.0065; spread 0.0040, the difference "
+        "2.50 of it; seeds 3 and 3; same seed up to 0.0100)")
     assert sum("differs by" in l for l in lines) == 1 and lines[-1] == "1 of 21 do not agree"
 
 
@@ -150,7 +151,8 @@ def test_fewer_seeds_compare_by_the_same_rule(tmp_path, capsys):
     # x = [0.071], y = 0.070, 0.066, 0.074: s = sqrt(2 * 0.004^2 / 2) = 0.004,
     # allowed 2 * 0.004 * sqrt(1 + 1/3) = 0.0092; seed 0 is in both: 0.071 - 0.070
     assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
-        "agree: 0.0710 vs 0.0700 (allowed 0.0092; spread 0.0040; seeds 1 and 3; same seed up "
+        "agree: 0.0710 vs 0.0700 (allowed 0.0092; spread 0.0040, the difference 0.25 of it; "
+        "seeds 1 and 3; same seed up "
         "to 0.0010)")
 
 
@@ -179,11 +181,11 @@ def test_another_protocol_is_refused_in_one_line(tmp_path, capsys, changes, said
                    f"tables made with the same settings (`make demo`)\n")
 
 
-def test_the_layer_set_and_the_captions_spelling_may_differ_not_the_world(tmp_path, capsys):
-    layers = ModelConfig(d_model=64, n_layers=1, n_heads=4, layers="reference")
+def test_the_layer_set_dtype_and_captions_spelling_may_differ_not_the_world(tmp_path, capsys):
+    layers = ModelConfig(d_model=64, n_layers=1, n_heads=4, layers="reference", dtype="float64")
     mine = summary(REPO, base={"model": layers, "captions": "elsewhere/captions.json"})
     code, lines, _ = compare(tmp_path, mine, summary(REPO), capsys)
-    assert code == 0 and "(--layers reference) against" in lines[0]
+    assert code == 0 and "(--layers reference, --dtype float64) against" in lines[0]
     code, _, err = compare(tmp_path, {**mine, "captions_sha256": "bad"}, summary(REPO), capsys)
     assert code == 2 and err.count("\n") == 1
     assert "the captions file (another sha256: another synthetic world?)" in err
