@@ -29,16 +29,33 @@ def test_the_docs_table_is_the_one_generated_from_the_committed_summary():
         f"{agreement.DEFAULT_REFERENCE}; regenerate it with `{agreement.REGENERATE}`")
 
 
-def demo_protocol():
-    """The Protocol `make demo` would run now: its replicate command (make -n, the Makefile's
-    defaults: no variable taken from this environment), parsed as the command line parses it."""
-    done = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"]}, check=True)
+def demo_args(*variables):
+    """The parsed replicate command `make demo` would run now (make -n, the Makefile's
+    defaults: no variable taken from this environment, but `variables`, e.g. "DTYPE=float64")."""
+    done = subprocess.run(["make", "-n", "demo", *variables], cwd=ROOT, capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"]}, check=True)
     line = next(l for l in done.stdout.replace("\\\n", " ").splitlines()
                 if "-m minialign replicate" in l)
     words = shlex.split(line.split(" || ")[0])      # the command, not make's quiet exit code
-    args = parser().parse_args(words[words.index("minialign") + 1:])
+    return parser().parse_args(words[words.index("minialign") + 1:])
+
+
+def demo_protocol(*variables):
+    """The Protocol `make demo` would run now, parsed as the command line parses it."""
+    args = demo_args(*variables)
     return json.loads(json.dumps(dataclasses.asdict(protocol_from_args(args))))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_dtype_float64_trains_the_same_demo_in_float64_into_its_own_directory():
+    """DTYPE=float64 (#29, docs/protocol.md): the demo's protocol but for the arithmetic, into
+    a directory of its own (and -reference-float64 with LAYERS=reference)."""
+    plain, wide = flat(demo_protocol()), flat(demo_protocol("DTYPE=float64"))
+    assert (plain["base.model.dtype"], wide["base.model.dtype"]) == ("float32", "float64")
+    assert [n for n in sorted(plain) if plain[n] != wide[n]] == ["base.model.dtype"]
+    assert demo_args().out == "results/synthetic"
+    assert demo_args("DTYPE=float64").out == "results/synthetic-float64"
+    assert demo_args("DTYPE=float64", "LAYERS=reference").out == "results/synthetic-reference-float64"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
