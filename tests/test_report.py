@@ -7,6 +7,7 @@ IMAGE_EVAL=off; the image columns are filled in later by evaluate, without retra
 import argparse
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -414,3 +415,37 @@ def test_disagreeing_image_metrics_are_said():
     results["objectives"]["next_token"]["R@1"] = ms(0.01)
     assert report.disagreement_lines(results) == []
     assert report.disagreement_lines({**results, "image": False}) == []
+
+
+# ---------------------------------------------------------------- is the lr search's pick resolved
+def test_pick_margin_and_its_words_by_hand():
+    """The chosen lr's score minus the best other finite one, against two standard errors of a
+    difference of two one-seed scores, 2 sqrt(2) x the seed grid's sample std (#29)."""
+    from minialign.machinery.experiment.report import pick_margin
+    from minialign.machinery.experiment.results_md import search_lines
+    search = {"lrs": [1e-3, 3e-3, 1e-2, 3e-2], "scores": [0.030, 0.050, 0.041, -math.inf],
+              "chosen": 3e-3}
+    # seed scores 0.030, 0.032, 0.034: sample std 0.002 -> noise 2 sqrt(2) 0.002 = 0.00566
+    got = pick_margin(search, [0.030, 0.032, 0.034, None])
+    assert got["margin"] == pytest.approx(0.050 - 0.041)              # not the diverged -inf
+    assert got["val_spread"] == pytest.approx(0.002)
+    close = pick_margin({**search, "scores": [0.030, 0.050, 0.045, None]}, [0.030, 0.032, 0.034])
+    assert close["margin"] == pytest.approx(0.005)
+    assert pick_margin(search, [0.03])["val_spread"] is None            # one seed: no spread
+    assert pick_margin({**search, "chosen": None}, [0.03, 0.04])["margin"] is None
+    assert pick_margin({**search, "scores": [None, 0.05, None, None]}, [0.03, 0.04])["margin"] is None
+    # every other lr diverged: nothing to beat, no margin (not +inf)
+    diverged = {**search, "scores": [-math.inf, 0.05, None, -math.inf]}
+    assert pick_margin(diverged, [0.03, 0.04])["margin"] is None
+    protocol = {"seeds": [0, 1, 2], "lr_min": 1e-3, "lr_max": 1e-2, "lr_per_decade": 2,
+                "max_extensions": 2}
+    results = {"protocol": protocol, "metric": "mutual_knn",
+               "lr_search": {"good_views": {**search, "interior": True, "todo": None, **got},
+                             "next_token": {**search, "interior": True, "todo": None, **close}}}
+    lines = search_lines(results)
+    row = {obj: next(l for l in lines if l.startswith(f"| {obj} |")) for obj in results["lr_search"]}
+    assert row["good_views"].endswith("| 3.00e-03 | yes | +0.009 (resolved: noise < 0.006) |")
+    assert row["next_token"].endswith(
+        "| 3.00e-03 | yes | +0.005 (not resolved: noise up to 0.006) |")
+    assert [l for l in lines if l.startswith("Not resolved")] == [next(
+        l for l in lines if l.startswith("Not resolved: next_token. Each lr is scored on one"))]

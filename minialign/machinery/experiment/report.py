@@ -73,6 +73,20 @@ def run_numbers(run_dir):
     return out
 
 
+def pick_margin(search, seed_scores):
+    """Is the search's pick resolved? {"margin": the chosen lr's score minus the best other
+    finite one, "val_spread": the sample std (ddof 1) of the same score over the seed grid's
+    runs at the shared lr}; None where there is no pick, no other score or fewer than two
+    seeds. A margin within that spread is a pick one seed's noise could have made."""
+    scores = [s for lr, s in zip(search["lrs"], search["scores"])
+              if lr != search["chosen"] and s is not None and math.isfinite(s)]
+    best = dict(zip(search["lrs"], search["scores"])).get(search["chosen"])
+    seeds = mean_std([s for s in seed_scores if s is not None and math.isfinite(s)])
+    ok = scores and best is not None and not isinstance(best, str) and math.isfinite(best)
+    return {"margin": float(best - max(scores)) if ok else None,
+            "val_spread": seeds and seeds["std"]}
+
+
 def collect(out):
     """Every number of the report, from the saved runs (see the module docstring)."""
     out = Path(out)
@@ -114,7 +128,9 @@ def collect(out):
         chosen = search["chosen"] and run(obj, protocol.seeds[0], search["chosen"])
         searches[obj] = {**search, "test": chosen["test"] if chosen else None,
                          "scores": [None if s is None else float(s) if math.isfinite(s)
-                                    else "diverged" for s in search["scores"]]}
+                                    else "diverged" for s in search["scores"]],
+                         **pick_margin(search, [selection_score(out / "runs" / run_name(
+                             run_config(protocol, obj, s)), metric) for s in protocol.seeds])}
     return {"dataset": out.name,
             "protocol": read_json(out / "protocol.json", "replicate protocol (protocol.json)"),
             "environment": read_json(env_path, "machine description (environment.json)")

@@ -7,6 +7,8 @@ report.collect gathers (deterministic: same numbers, same bytes).
                                good_views - next_token difference, how fast, the search, the
                                machine, the figures
 """
+import math
+
 from .figures import LABELS
 from .scaling import signed
 
@@ -209,8 +211,8 @@ def search_lines(results):
              f"({p['lr_per_decade']} per decade), extended past an edge at most "
              f"{p['max_extensions']} times; selected on final val {LABELS[results['metric']]}; "
              f"test numbers at the chosen lr are in the table above.", "",
-             "| objective | val score at each lr (chosen in bold) | chosen lr | interior |",
-             "|---|---|---:|---|"]
+             "| objective | val score at each lr (chosen in bold) | chosen lr | interior | "
+             "margin over the next best |", "|---|---|---:|---|---|"]
     for obj, s in results["lr_search"].items():
         points = ", ".join(
             (f"**{lr:.2e}: {fmt(v) if not isinstance(v, str) else v}**" if lr == s["chosen"]
@@ -218,8 +220,42 @@ def search_lines(results):
             for lr, v in zip(s["lrs"], s["scores"]))
         where = ("yes" if s["interior"] else "no: on the edge after the allowed extensions"
                  ) if s["chosen"] else f"incomplete, next: {s['todo']:.2e}"
-        lines.append(f"| {obj} | {points} | {fmt_lr(s['chosen'])} | {where} |")
+        lines.append(f"| {obj} | {points} | {fmt_lr(s['chosen'])} | {where} | "
+                     f"{margin_words(s)} |")
+    unresolved = [obj for obj, s in results["lr_search"].items() if unresolved_pick(s)]
+    if unresolved:
+        lines += ["", f"Not resolved: {', '.join(unresolved)}. Each lr is scored on one seed, so "
+                  f"two scores differ by seed noise alone by up to two standard errors, 2 x "
+                  f"sqrt(2) x the seeds' spread (the sample std of the same score over the "
+                  f"seed grid at the shared lr, as `compare` judges two tables); a pick within "
+                  f"that may be another lr on another seed, or under another machine's "
+                  f"rounding (docs/protocol.md)."]
     return lines + [""]
+
+
+def noise_margin(search):
+    """Two standard errors of a difference of two one-seed scores: 2 sqrt(2) x the seeds'
+    spread (report.pick_margin's val_spread); None without a spread."""
+    spread = search.get("val_spread")
+    return None if spread is None else 2 * math.sqrt(2) * spread
+
+
+def unresolved_pick(search):
+    """Whether a search's pick beats the next best lr by no more than noise_margin."""
+    margin, noise = search.get("margin"), noise_margin(search)
+    return margin is not None and noise is not None and margin <= noise
+
+
+def margin_words(search):
+    """'+0.004 (resolved: noise < 0.003)', '+0.001 (not resolved: noise up to 0.003)', or
+    '-' (report.pick_margin)."""
+    margin, noise = search.get("margin"), noise_margin(search)
+    if margin is None:
+        return "-"
+    if noise is None:
+        return f"{signed(margin, 3)} (one seed: no spread)"
+    return (f"{signed(margin, 3)} (not resolved: noise up to {noise:.3f})" if margin <= noise
+            else f"{signed(margin, 3)} (resolved: noise < {noise:.3f})")
 
 
 def fmt_lr(lr):
