@@ -186,6 +186,7 @@ def test_the_layer_set_dtype_and_captions_spelling_may_differ_not_the_world(tmp_
     mine = summary(REPO, base={"model": layers, "captions": "elsewhere/captions.json"})
     code, lines, _ = compare(tmp_path, mine, summary(REPO), capsys)
     assert code == 0 and "(--layers reference, --dtype float64) against" in lines[0]
+    assert "(--layers fast, --dtype float32, commit" in lines[0]
     code, _, err = compare(tmp_path, {**mine, "captions_sha256": "bad"}, summary(REPO), capsys)
     assert code == 2 and err.count("\n") == 1
     assert "the captions file (another sha256: another synthetic world?)" in err

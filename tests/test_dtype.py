@@ -104,3 +104,14 @@ def test_memory_estimate_doubles_everything_but_the_interpreter():
     grown32 = run_memory_mb(cfg32, 5000) / MEM_MARGIN - MEM_BASE_MB
     grown64 = run_memory_mb(cfg64, 5000) / MEM_MARGIN - MEM_BASE_MB
     assert grown32 > 10 and grown64 == pytest.approx(2 * grown32, rel=1e-12)
+
+
+def test_resuming_under_another_dtype_names_that_field_alone(world, tmp_path):
+    cfg = tiny_config(world)
+    assert train(cfg, tmp_path / "run", progress=False, stop_after=3) is None
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float32"))
+    with pytest.raises(ValueError) as refused:
+        train(other, tmp_path / "run", progress=False, resume=True)
+    assert str(refused.value) == (
+        f"{tmp_path / 'run'}: holds a run of another config, so it cannot be resumed "
+        f"(model.dtype: 'float64' -> 'float32'); pick another directory or pass --force")

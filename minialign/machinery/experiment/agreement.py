@@ -260,10 +260,10 @@ def same_seed(got, want, key):
     return f"; same seed up to {max(abs(a - b) for a, b in pairs):.4f}" if pairs else ""
 
 
-def layer_words(model):
-    """'--layers fast', and ', --dtype float64' for a float64 table (a protocol's model)."""
-    dtype = model.get("dtype", "float32")
-    return f"--layers {model['layers']}" + (f", --dtype {dtype}" if dtype != "float32" else "")
+def layer_words(model, dtype_too):
+    """'--layers fast', and ', --dtype float64' when dtype_too (either table is not float32)."""
+    return f"--layers {model['layers']}" + (
+        f", --dtype {model.get('dtype', 'float32')}" if dtype_too else "")
 
 
 # ---------------------------------------------------------------- the command
@@ -316,7 +316,9 @@ def run(args):
     if refusal:
         raise ValueError(refusal)
     lines, bad = check_lines(mine, ref, names)
-    layers = [layer_words(s["protocol"]["base"]["model"]) for s in (mine, ref)]
+    models = [s["protocol"]["base"]["model"] for s in (mine, ref)]
+    either = any(m.get("dtype", "float32") != "float32" for m in models)
+    layers = [layer_words(m, either) for m in models]
     print(f"{names[0]} ({layers[0]}) against {names[1]} ({layers[1]}, commit "
           f"{ref.get('commit')}); agree: |mean difference| <= max({SPREADS} x spread x "
           f"sqrt(1/n + 1/m), {FLOOR}), spread = the seeds' pooled std (docs/results.md)")

@@ -135,8 +135,20 @@ def config_differences(saved, cfg, info=None):
     now["model"].pop("vocab_size")
     found = [input_difference(k, saved.pop(k, None), now.pop(k), (info or {}).get(f"{k}_sha256"))
              for k in INPUT_FILES]
-    return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k)] + [d for d in found if d]
+    return field_differences(saved, now) + [d for d in found if d]
+
+
+def field_differences(saved, now, prefix=""):
+    """"name: saved -> now" for each field that differs, nested configs by their dotted field
+    (model.dtype: 'float64' -> 'float32'), not as two whole dicts."""
+    found = []
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += field_differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            found.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return found
 
 
 def run_state(out, cfg):
