@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ...train import TrainConfig
-from ..run.checkpoint import input_difference
+from ..run.checkpoint import changed_fields, input_difference
 from ..run.files import atomic_write_json, read_json
 from ..run.rundir import is_diverged, read_metrics, upgrade_config
 from ..run.scores import current_alignment
@@ -156,17 +156,13 @@ def holds_runs(out):
     return any(Path(out).glob("runs/*/config.json"))
 
 
-def differences(old, new, prefix=""):
+def differences(old, new):
     """The settings two saved protocols differ in, as "name (saved OLD, now NEW)" strings,
-    nested dicts by dotted name (base.steps, base.model.d_model); [] when equal."""
-    found = []
-    for key in sorted(set(old) | set(new), key=lambda k: (k not in new, k)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            found.append(f"{prefix.removeprefix('base.')}{key} (saved {a!r}, now {b!r})")
-    return found
+    nested dicts by dotted name (steps, model.d_model: "base." left out), each level's keys of
+    `new` first; [] when equal."""
+    new_first = lambda old, new: sorted(set(old) | set(new), key=lambda k: (k not in new, k))
+    return [f"{name.removeprefix('base.')} (saved {a!r}, now {b!r})"
+            for name, a, b in changed_fields(old, new, order=new_first)]
 
 
 def check_protocol(out, protocol):

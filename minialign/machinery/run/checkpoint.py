@@ -138,16 +138,22 @@ def config_differences(saved, cfg, info=None):
     return field_differences(saved, now) + [d for d in found if d]
 
 
-def field_differences(saved, now, prefix=""):
+def field_differences(saved, now):
     """"name: saved -> now" for each field that differs, nested configs by their dotted field
     (model.dtype: 'float64' -> 'float32'), not as two whole dicts."""
+    return [f"{name}: {a!r} -> {b!r}" for name, a, b in changed_fields(saved, now)]
+
+
+def changed_fields(old, new, prefix="", order=lambda old, new: sorted(set(old) | set(new))):
+    """(dotted name, old value, new value) for each leaf where two nested dicts differ,
+    walking both (a key missing on one side reads None); order(old, new): a level's keys."""
     found = []
-    for k in sorted(set(saved) | set(now)):
-        a, b = saved.get(k), now.get(k)
+    for key in order(old, new):
+        a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            found += field_differences(a, b, f"{prefix}{k}.")
+            found += changed_fields(a, b, f"{prefix}{key}.", order)
         elif a != b:
-            found.append(f"{prefix}{k}: {a!r} -> {b!r}")
+            found.append((f"{prefix}{key}", a, b))
     return found
 
 
