@@ -299,3 +299,12 @@ def test_a_replicate_protocol_in_a_sweep_directory_is_refused(sweep):
     plain = dataclasses.replace(sweep["protocol"], kind="replicate", sizes=())
     with pytest.raises(ValueError, match=r"other settings \(kind \(saved 'scaling', now 'replicate'\); sizes "):
         replicate.replicate(plain, sweep["out"], None, progress=False)
+
+
+def test_a_float64_sweep_trains_every_size_in_float64():
+    """--dtype float64 (#29) reaches each sized run's model, as --layers does."""
+    base = train.TrainConfig().model
+    wide = sweep_protocol(sizes=((64, 2), (128, 4)),
+                          model=dataclasses.replace(base, dtype="float64", layers="reference"))
+    assert {(c.model.dtype, c.model.layers) for c in planned_runs(wide)} == {("float64", "reference")}
+    assert {c.model.dtype for c in planned_runs(sweep_protocol())} == {"float32"}

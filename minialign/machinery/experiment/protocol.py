@@ -104,7 +104,7 @@ def run_config(protocol, objective, seed, lr=None, size=None):
     m = cfg.model
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     return SizedConfig(**{**fields, "model": size_config(*size, m.vocab_size, m.max_len,
-                                                         m.layers)})
+                                                         m.layers, m.dtype)})
 
 
 def seed_grid(protocol):

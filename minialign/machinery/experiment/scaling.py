@@ -39,13 +39,13 @@ def sweep_sizes(widths=WIDTHS, depths=DEPTHS, grid="plus", center=CENTER):
     return tuple(sorted(sizes, key=lambda s: (s[0] * s[0] * s[1], s)))
 
 
-def size_config(d_model, n_layers, vocab_size, max_len, layers=DEFAULT_LAYERS):
+def size_config(d_model, n_layers, vocab_size, max_len, layers=DEFAULT_LAYERS, dtype="float32"):
     """The ModelConfig of one sweep point: D = d_model, L = n_layers, H = max(1, D // 64),
-    F = 4 D, on the layer set `layers`. Raises ValueError (ModelConfig's) for a D that H does
-    not divide."""
+    F = 4 D, on the layer set `layers`, in `dtype`. Raises ValueError (ModelConfig's) for a D
+    that H does not divide."""
     return ModelConfig(vocab_size=vocab_size, max_len=max_len, d_model=d_model,
                        n_layers=n_layers, n_heads=max(1, d_model // HEAD_WIDTH),
-                       mlp_ratio=MLP_RATIO, layers=layers)
+                       mlp_ratio=MLP_RATIO, layers=layers, dtype=dtype)
 
 
 def count_params(cfg):
