@@ -6,6 +6,7 @@ The docs' demo table and the committed summary are checked in test_demo_table.py
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,8 @@ def test_export_keeps_each_runs_test_numbers_and_agrees_with_its_directory(grid,
     assert main(["compare", str(grid), "--export", str(tmp_path / "no" / "s.json")]) == 2
     assert f"s.json: no such directory {tmp_path / 'no'}" in capsys.readouterr().err
     assert main(["compare", str(grid), "--export", str(out)]) == 0
+    assert capsys.readouterr().out.endswith(
+        "--table --write docs/results.md` puts its table in the docs)\n")
     s = read_json(out)
     assert s["protocol"] == read_json(grid / "protocol.json") and s["metrics"] == KEYS
     for obj in ("good_views", "next_token"):
@@ -311,3 +314,14 @@ def test_export_keeps_each_runs_test_numbers_and_agrees_with_its_directory(grid,
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "all 21 agree"              # 2 objectives + 2 untrained rows x 5; ceiling
     assert all(": " in l and "agree: " in l for l in lines[1:-1])
+
+
+def test_a_float64_export_does_not_offer_the_float32_docs(grid, tmp_path, capsys):
+    wide = Path(shutil.copytree(grid, tmp_path / "grid-float64"))
+    protocol = read_json(wide / "protocol.json")
+    protocol["base"]["model"]["dtype"] = "float64"
+    (wide / "protocol.json").write_text(json.dumps(protocol))
+    assert main(["compare", str(wide), "--export", str(tmp_path / "s.json")]) == 0
+    said = capsys.readouterr().out
+    assert "docs/results.md" not in said and "a float64 table: `python -m minialign compare " \
+        f"SOURCE --against {tmp_path / 's.json'}` compares another with it" in said

@@ -301,8 +301,12 @@ def run(args):
                                     f"{Path(args.export).parent}")
         summary = summarize(args.source)
         atomic_write_json(args.export, summary)
-        print(f"wrote {args.export} (the summary of {args.source}; `python -m minialign "
-              f"compare {args.export} --table --write docs/results.md` puts its table in the docs)")
+        dtype = summary["protocol"]["base"]["model"].get("dtype", "float32")
+        docs = (f"`python -m minialign compare {args.export} --table --write docs/results.md` "
+                f"puts its table in the docs" if dtype == "float32" else
+                f"a {dtype} table: `python -m minialign compare SOURCE --against {args.export}` "
+                f"compares another with it; the docs' table is float32's")
+        print(f"wrote {args.export} (the summary of {args.source}; {docs})")
         return summary
     if args.table:
         text = format_table(load(args.source))
