@@ -77,7 +77,8 @@ def pick_margin(search, seed_scores):
     """Is the search's pick resolved? {"margin": the chosen lr's score minus the best other
     finite one, "val_spread": the sample std (ddof 1) of the same score over the seed grid's
     runs at the shared lr}; None where there is no pick, no other score or fewer than two
-    seeds. A margin within that spread is a pick one seed's noise could have made."""
+    seeds. results_md.noise_margin turns the spread into the noise a margin must beat
+    (two standard errors of a difference of two one-seed scores, 2 sqrt(2) x spread)."""
     scores = [s for lr, s in zip(search["lrs"], search["scores"])
               if lr != search["chosen"] and s is not None and math.isfinite(s)]
     best = dict(zip(search["lrs"], search["scores"])).get(search["chosen"])
