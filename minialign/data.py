@@ -1,15 +1,16 @@
-"""Cleaned captions per photo -> train/val/test split -> token tables -> batches.
+"""Captions per photo -> train/val/test split -> token tables -> batches.
 
 A "good views" pair is two different human captions of the same photo, so everything here
 is organised by photo: photos are split (never captions), and a batch draws B distinct photos
-and two distinct captions of each. The captions come from monitor.load_coco_captions (each
-cleaned by tokenizer.clean_caption; empty and repeated ones dropped; photos with >= 2 kept).
+and two distinct captions of each.
 """
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .tokenizer import MAX_LEN, Tokenizer, pad_batch
+from .tokenizer import MAX_LEN, Tokenizer, clean_caption, pad_batch
 
 SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
 MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
@@ -45,6 +46,39 @@ def split_photos(image_ids: np.ndarray, split_seed: int = SPLIT_SEED,
     }
 
 
+@dataclass(frozen=True, eq=False)
+class Captions:
+    """The cleaned captions of one captions file, per photo."""
+    path: str
+    image_ids: np.ndarray                   # (P,) int64 photo ids, ascending
+    captions: tuple                         # per photo: >= 2 distinct cleaned captions
+
+
+def load_captions(path):
+    """Read a COCO captions JSON ({"annotations": [{"image_id", "id", "caption"}, ...]}) into
+    Captions: captions in annotation-id order, cleaned (tokenizer.clean_caption); those with no
+    letter or digit and repeats within a photo dropped; photos left with < 2 kept out.
+    Raises FileNotFoundError / ValueError, one line starting with the path."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such captions file")
+    try:
+        annotations = json.loads(path.read_text(encoding="utf-8"))["annotations"]
+        rows = sorted((a["id"], a["image_id"], clean_caption(a["caption"])) for a in annotations)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a COCO captions JSON file "
+                         f"({type(err).__name__}: {err})") from None
+    by_photo = {}
+    for _, photo, caption in rows:
+        kept = by_photo.setdefault(photo, [])
+        if any(ch.isalnum() for ch in caption) and caption not in kept:
+            kept.append(caption)
+    ids = sorted(p for p, kept in by_photo.items() if len(kept) >= 2)
+    if not ids:
+        raise ValueError(f"{path}: no photo has two distinct captions with words")
+    return Captions(str(path), np.array(ids, dtype=np.int64), tuple(tuple(by_photo[p]) for p in ids))
+
+
 # eq=False on array-holding dataclasses: == on arrays has no single truth value.
 @dataclass(frozen=True, eq=False)
 class CaptionTable:
@@ -68,8 +102,7 @@ class Batch:
 
 def tokenize_photos(captions, photo_idx: np.ndarray, tok: Tokenizer,
                     max_len: int = MAX_LEN) -> tuple[CaptionTable, int]:
-    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split; captions:
-    a monitor.Captions). Returns (table, number of captions truncated to max_len). Raises
+    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split). Returns (table, number of captions truncated to max_len). Raises
     ValueError if photo_idx is not 1-D, empty, repeats a photo, or is out of range."""
     photo_idx = np.array(photo_idx, dtype=np.int64)  # a copy: it is made read-only below
     P = len(captions.captions)

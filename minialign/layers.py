@@ -14,16 +14,12 @@ are constants and get none). A cache is a plain tuple the caller holds, so one l
 twice (two views) before any backward. Layers never cast (float64 in the gradient checks,
 float32 in training) and never write into their `dy` or cache.
 
-This module is the reference, and model.encode is written in its calls. The same names with
-the same signatures, arranged for speed, are the fast set (machinery/fastpath/fast.py over
-fast_layers.py and fast_rows.py: length-sorted rows, attention per group of one length, row blocks over the
-cores, the tied head fused with cross-entropy); ModelConfig.layers picks one ("reference": this
-module, `--layers reference`). The fast set is tested against this one (tests/test_fast.py).
+This module is the reference, and model.encode is written in its calls. A faster set with
+the same names and signatures (machinery/fast.py) is tested against it.
 
 The set's interface, what encode and next_token call: token_rows; embedding_*, layernorm_*,
-linear_*, gelu_*; attention_*, pool_* and last_pool_* (the batch's real tokens as rows,
-section at the end); lm_head_* and cross_entropy (losses.cross_entropy, imported here so the
-set is one module).
+linear_*, gelu_*; attention_* and pool_* (the batch's real tokens as rows); lm_head_* and
+cross_entropy (losses.cross_entropy, imported here so the set is one module).
 """
 import math
 from typing import NamedTuple
@@ -105,8 +101,7 @@ def layernorm_backward(dy, cache):
 # ---------------------------------------------------------------- GELU (tanh form)
 def gelu_forward(x):
     """GELU, tanh approximation: y = x/2 (1 + tanh(c (x + a x^3))), c = sqrt(2/pi), a = 0.044715
-    (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache.
-    The model runs fast_rows.gelu_forward_fast, the same formula as in-place passes."""
+    (Hendrycks & Gimpel 2016; the form GPT-2 and BERT use). x: any shape. Returns y and a cache."""
     th = np.tanh(GELU_C * (x + GELU_A * x**3))                            # (...)
     y = 0.5 * x * (1.0 + th)                                              # (...)
     return y, (x, th)
@@ -266,32 +261,6 @@ def pool_forward(h, rows):
 def pool_backward(dz, cache):
     """dz: (B, D) -> dh (n, D)."""
     return mean_pool_backward(dz, cache)                                  # (n, D)
-
-
-def last_pool_forward(h, rows):
-    """z[b] = h at caption b's last real token (under causal attention the one token that
-    has read the whole caption; ModelConfig.causal_pool = "last"); 0 for a caption with no
-    token. h: (n, D) rows of token_rows(...) = rows. Returns z (B, D) and a cache."""
-    return last_token_rows(h, rows.caption_rows, rows.mask.sum(axis=1))   # (B, D)
-
-
-def last_token_rows(h, caption_rows, lengths):
-    """last_pool_forward's gather, for any row order (the fast set's too): caption_rows (n,),
-    the row of each token of tokens[tokens != PAD] in that order; lengths (B,), each caption's
-    real tokens in batch order. Returns z (B, D) and last_pool_backward's cache."""
-    has = lengths > 0                                                     # (B,)
-    last = caption_rows[np.cumsum(lengths)[has] - 1]                      # row of each last token
-    z = np.zeros((len(lengths), h.shape[1]), dtype=h.dtype)               # (B, D)
-    z[has] = h[last]
-    return z, (last, has, h.shape[0])
-
-
-def last_pool_backward(dz, cache):
-    """dz: (B, D) -> dh (n, D): each caption's dz at its last token's row, 0 elsewhere."""
-    last, has, n = cache
-    dh = np.zeros((n, dz.shape[1]), dtype=dz.dtype)                       # (n, D)
-    dh[last] = dz[has]                                                    # one row per caption
-    return dh
 
 
 # ---------------------------------------------------------------- the tied next-token head

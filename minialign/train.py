@@ -1,168 +1,336 @@
-"""Training: TrainConfig, one training step, the loop (what it does around the step, from
-checking its inputs to the final evaluation: machinery/run/monitor.py).
+"""Training: TrainConfig, one step, and the loop with its evaluations and checkpoints.
 
-A run writes a run directory (machinery/run/rundir.py names and documents its files), resumable
-from its checkpoint. Training never reads image embeddings: nothing here imports their modules.
+A run writes one directory (machinery/runs.py lists its files) and can be stopped at any
+point: `train(cfg, out, resume=True)` continues from the last checkpoint to the same bits.
+Training never reads image embeddings.
 """
 import dataclasses
+import hashlib
+import io
 import json
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from .machinery.run.checkpoint import (CHECKPOINT_SECONDS, open_run, resume_run, run_state,
-                                       save_checkpoint)
-from .machinery.run.files import append_line
-from .machinery.run.monitor import Progress, evaluate_val, finish, prepare, print_start, run_info
-from .machinery.run.rundir import finished_run, open_log, record_divergence, start_run
-from .data import SPLIT_SEED, sample_batch
-from .model import ModelConfig, check_fields, init_params
-from .objectives import OBJECTIVES, ObjectiveConfig, unseen_params
+from .data import SPLIT_SEED, load_captions, sample_batch, split_photos, tokenize_photos
+from .metrics import collapse_stats, paraphrase_r_at_1
+from .model import ModelConfig, encode, init_params, param_count
+from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
+from .tokenizer import build_tokenizer
 
-
-TOKENIZERS = ("words", "wordpiece")   # words: the training captions' words; wordpiece: BERT's
+EVAL_SLOTS = 5              # caption slots embedded per val/test photo (train: 2)
+EVAL_BATCH = 500            # captions per forward pass when embedding
+CHECKPOINT_SECONDS = 600    # a stop loses at most this much training
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a run. Defaults = the replicated setting (3000 steps, 256 photos
-    per step, two captions each, so 512 captions per step for every objective)."""
-    objective: str = "good_views"   # "good_views" | "bad_views" | "next_token"
-    captions: str = ""              # COCO captions JSON
+    """Everything that defines a run. Defaults: the replicated setting (3000 steps of 256
+    photos, two captions each: 512 captions a step for every objective)."""
+    objective: str = "good_views"   # a key of objectives.OBJECTIVES
+    captions: str = ""              # the captions file
     steps: int = 3000
-    batch_photos: int = 256         # photos per step; each contributes two captions
+    batch_photos: int = 256         # photos per step; each gives two captions
     lr: float = 1e-3                # peak AdamW step size
     warmup_steps: int = 100         # linear warm-up, then cosine decay
     min_lr_ratio: float = 0.1       # the cosine ends at min_lr_ratio * lr
-    weight_decay: float = 0.05      # decoupled, weight matrices only (optim.decays)
+    weight_decay: float = 0.05      # decoupled, weight matrices only
     grad_clip: float = 1.0          # global L2 norm
     seed: int = 0                   # init, batch and mask streams
     split_seed: int = SPLIT_SEED    # photo split, independent of `seed`
     eval_every: int = 250
-    min_count: int = 1              # a word enters the vocabulary after this many train uses
+    min_count: int = 1              # words: train uses before a word enters the vocabulary
     tokenizer: str = "words"        # "words" (tokenizer.py) | "wordpiece" (wordpiece.py)
-    vocab: str = ""                 # wordpiece: its vocabulary file; "" with words
+    vocab: str = ""                 # wordpiece: its vocabulary file
     model: ModelConfig = field(default_factory=ModelConfig)
-    loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # masking rate, VICReg weights
+    loss: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     def __post_init__(self):
-        """Raises ValueError naming the field and its valid range (model.check_fields)."""
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}; choose one of "
-                             f"{', '.join(sorted(OBJECTIVES))}")
-        if (self.tokenizer not in TOKENIZERS
-                or (self.vocab != "") != (self.tokenizer == "wordpiece")):
-            raise ValueError(f"tokenizer={self.tokenizer!r} with vocab={self.vocab!r}: choose "
-                             f"words (vocab '') or wordpiece with a vocabulary file")
         if isinstance(self.model, dict):
             object.__setattr__(self, "model", ModelConfig(**self.model))
         if isinstance(self.loss, dict):
             object.__setattr__(self, "loss", ObjectiveConfig(**self.loss))
-        check_fields(self, integers={"steps": 1, "batch_photos": 2, "warmup_steps": 0,
-                                     "eval_every": 1, "min_count": 1, "seed": 0, "split_seed": 0},
-                     numbers={"lr": "> 0", "grad_clip": "> 0", "weight_decay": ">= 0",
-                              "min_lr_ratio": "in [0, 1]"})
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; one of {', '.join(OBJECTIVES)}")
+        if (self.tokenizer == "wordpiece") != bool(self.vocab):
+            raise ValueError("the wordpiece tokenizer needs a vocabulary file; words needs none")
 
 
-def train_step(params, state, batch, cfg, lr, rng_mask):
-    """One optimizer step: the objective's loss and gradients, global-norm clipping, AdamW.
-    params, state: weights and Adam moments, updated in place; batch: data.Batch; cfg:
-    TrainConfig; lr: this step's learning rate (optim.lr_at); rng_mask: bad_views' masks.
-    Returns (loss, stats, grad_norm), grad_norm before clipping. A loss or gradient norm that
-    is not finite leaves params and state untouched: the caller records the divergence.
-    cfg.loss.unseen_params = "freeze": the parameters the loss cannot see (objectives.
-    unseen_params) get their true gradient, 0, in place of rounding noise, before clipping:
-    AdamW then leaves them (and their moments) exactly where they are."""
-    with np.errstate(over="ignore", invalid="ignore"):    # divergence is the caller's check
-        loss, grads, stats = OBJECTIVES[cfg.objective](params, batch, cfg, rng_mask)
-        for name in unseen_params(cfg) if cfg.loss.unseen_params == "freeze" else ():
-            grads[name][...] = 0                          # its exact gradient
+class Diverged(FloatingPointError):
+    """The loss stopped being finite; the run's diverged.json says when."""
+
+
+def train_step(params, state, batch, cfg, lr, rng):
+    """One optimizer step: the objective's loss and gradients, global-norm clipping, AdamW on
+    params and state in place. Returns (loss, stats, grad_norm before clipping); a loss or
+    norm that is not finite leaves params and state untouched."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        loss, grads, stats = OBJECTIVES[cfg.objective](params, batch, cfg, rng)
         grad_norm = clip_grad_norm(grads, cfg.grad_clip)
     if np.isfinite(loss) and np.isfinite(grad_norm):
         adam_step(params, grads, state, lr, cfg.weight_decay)
     return loss, stats, grad_norm
 
 
-def train(cfg, out, force=False, progress=None, resume=False, stop_after=None):
-    """Run one training run into the run directory `out`; return its final metrics dict.
-    resume: continue `out` from whatever stage stopped (a finished run: its metrics); force:
-    replace `out` if it holds a run and nothing else; progress: a tqdm bar (True), plain lines
-    (False), by terminal (None); stop_after: return None after this many steps, as if killed
-    (tests). Inputs are checked before `out` is touched, then `out` is locked. Raises
-    FileNotFoundError / ValueError (bad input, or resuming another config), FileExistsError,
-    dirlock.DirLockedError, rundir.Diverged (checkpoint.open_run says when)."""
-    if force and resume:
-        raise ValueError("pass force (start over) or resume (continue), not both")
+def prepare(cfg):
+    """Captions -> photo split -> tokenizer (words of the train captions, or WordPiece) ->
+    token tables. Checks every input that can fail, before anything is written."""
+    captions = load_captions(cfg.captions)
+    try:
+        split = split_photos(captions.image_ids, cfg.split_seed)
+    except ValueError as err:
+        raise ValueError(f"{cfg.captions}: {err}") from None
+    if cfg.tokenizer == "wordpiece":
+        from .wordpiece import read_vocab
+        tok = read_vocab(cfg.vocab)
+    else:
+        tok = build_tokenizer([c for i in split["train"] for c in captions.captions[i]],
+                              cfg.min_count)
+    if not 2 <= cfg.batch_photos <= len(split["train"]):
+        raise ValueError(f"{cfg.captions}: batch_photos={cfg.batch_photos}, but the train split "
+                         f"has {len(split['train'])} photos")
+    tables = {name: tokenize_photos(captions, idx, tok, cfg.model.max_len)[0]
+              for name, idx in split.items()}
+    return {"captions": captions, "split": split, "tokenizer": tok, "tables": tables}
+
+
+def embed(params, tokens, model, causal):
+    """Caption embeddings z (N, D), EVAL_BATCH captions at a time, each chunk cut to its
+    longest caption."""
+    out = []
+    for i in range(0, len(tokens), EVAL_BATCH):
+        chunk = tokens[i:i + EVAL_BATCH]
+        out.append(encode(params, chunk[:, :(chunk != 0).sum(axis=1).max()], model, causal)[0])
+    return np.concatenate(out)                                            # (N, D)
+
+
+def evaluate(params, cfg, data, out, step, splits):
+    """Embed caption slot s = 0, 1, ... of every photo of each split, save them as
+    captions/<split>_stepNNNNN.npz (float16) and return the text metrics of val and test:
+    paraphrase R@1 (slot 0 finds slot 1 of the same photo) and the collapse diagnostics."""
+    entry = {"step": step}
+    for split in splits:
+        table = data["tables"][split]
+        arrays, slots = {}, []
+        for s in range(min(EVAL_SLOTS if split != "train" else 2, table.counts.max())):
+            photos = np.flatnonzero(table.counts > s)                     # (P_s,)
+            rows = table.offsets[photos] + s
+            tokens = table.tokens[rows, :table.lengths[rows].max()]       # (P_s, T)
+            with np.errstate(over="ignore", invalid="ignore"):
+                z = embed(params, tokens, cfg.model, CAUSAL[cfg.objective]).astype(np.float16)
+            arrays[f"slot{s}_image_ids"] = data["captions"].image_ids[table.photo_idx[photos]]
+            arrays[f"slot{s}_z"] = z
+            slots.append(z.astype(np.float32))                            # what is saved
+        if not all(np.isfinite(z).all() for z in slots):
+            raise record_divergence(out, step, f"{split} caption embeddings not finite in float16")
+        savez(out / "captions" / f"{split}_step{step:05d}.npz", **arrays)
+        if split != "train":
+            entry[split] = {"paraphrase_R@1": paraphrase_r_at_1(slots[0], slots[1]),
+                            "chance": 1.0 / len(slots[0]), **collapse_stats(slots[0])}
+    return entry
+
+
+def train(cfg, out, resume=False, force=False, progress=None, stop_after=None):
+    """Train one run into directory `out` and return its metrics dict. resume: continue the
+    run in `out` from its checkpoint (a finished run: its metrics); force: start `out` over;
+    progress: a tqdm bar (True), plain lines (False), by terminal (None); stop_after: stop as
+    if killed after this many steps (tests). Inputs are checked before `out` is written."""
     out = Path(out)
-    # A finished run has nothing to redo: return its metrics before reading any input.
-    if resume and run_state(out, cfg) in ("finished", "diverged"):
-        return finished_run(out, cfg)
-    # Check every input, before `out` is touched; the vocabulary sets the model's size.
+    if resume and (out / "metrics.json").is_file():
+        metrics = json.loads((out / "metrics.json").read_text())
+        if "final" in metrics:
+            return metrics
     data = prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
-    # Lock `out`, then start, restart or continue the run there (checkpoint.open_run).
-    with open_run(out, cfg, force, resume, inputs=[cfg.captions, cfg.vocab]) as found:
-        if found in ("finished", "diverged"):
-            return finished_run(out, cfg)
-        return run(cfg, out, data, found == "checkpoint", progress, stop_after)
+    saved = config_json(cfg, data)
+    begun = (out / "config.json").is_file()
+    if begun and resume:
+        first = first_difference(json.loads((out / "config.json").read_text()), saved)
+        if first:
+            raise ValueError(f"{out / 'config.json'}: a run of another config ({first}); "
+                             f"pick another directory or pass --force")
+    elif out.is_dir() and any(p.name != ".lock" for p in out.iterdir()) and not force:
+        raise FileExistsError(f"{out}: not empty (pass --resume to continue it, --force to "
+                              f"start over)")
+    if (out / "diverged.json").is_file() and resume:
+        raise Diverged(f"{out}: diverged before ({(out / 'diverged.json').read_text().strip()})")
 
-
-def run(cfg, out, data, from_checkpoint, progress=None, stop_after=None):
-    """The training loop of train(), into the locked run directory `out`. Returns the final
-    metrics dict, or None when stopped by stop_after."""
     # Start: init, batch and mask streams seeded apart; fresh weights and Adam moments.
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
-    rngs = {"data": rng_data, "mask": rng_mask}             # what a checkpoint saves and restores
     params = init_params(cfg.model, rng_init)
     state = adam_init(params)
-    info = run_info(cfg, params, data)
-
-    # Resume: weights, moments and streams from checkpoint.npz, the files cut back to its step.
-    # Or begin: config.json, then (below) the untrained encoder's evaluation at step 0.
-    if from_checkpoint:
-        metrics, first_step, seconds_before = resume_run(out, cfg, params, state, rngs)
+    first_step, seconds = 0, 0.0
+    if resume and (out / "checkpoint.npz").is_file():
+        # Resume: weights, moments, streams and metrics as saved; later files cut back.
+        first_step, seconds, metrics, log_bytes = load_checkpoint(out, params, state,
+                                                                  (rng_data, rng_mask))
+        with open(out / "log.jsonl", "r+b") as f:
+            f.truncate(log_bytes)
+        for path in (out / "captions").glob("*.npz"):
+            if int(path.stem.split("_step")[1]) > first_step:
+                path.unlink()
     else:
-        metrics, first_step, seconds_before = start_run(out, cfg, info), 0, 0.0
-    print_start(cfg, info)
+        for name in ("log.jsonl", "metrics.json", "checkpoint.npz", "model.npz", "diverged.json"):
+            (out / name).unlink(missing_ok=True)
+        for path in (out / "captions").glob("*.npz"):
+            path.unlink()
+        write_json(out / "config.json", saved)
+        metrics = {"objective": cfg.objective, "seed": cfg.seed, "lr": cfg.lr, "evals": []}
+    print(f"[{cfg.objective}] vocabulary {cfg.model.vocab_size} {cfg.tokenizer}, "
+          f"{saved['info']['parameters']:,} parameters, photos {saved['info']['photos']}",
+          flush=True)
 
-    t_start = time.perf_counter() - seconds_before
-    t_saved = time.perf_counter()                               # the last checkpoint's time
-    with open_log(out) as log, Progress(cfg, first_step, progress) as screen:
-        # Evaluate step 0, the untrained encoder, where every val curve starts. It draws no
-        # random number, so the steps after it are those of a run without it.
+    t_start = time.perf_counter() - seconds
+    t_saved = time.perf_counter()
+    plain = not (os.isatty(2) if progress is None else progress)
+    with open(out / "log.jsonl", "ab") as log, tqdm(total=cfg.steps, initial=first_step,
+                                                    desc=cfg.objective, disable=plain) as bar:
+        # The untrained encoder at step 0, where every curve starts: every split, for the
+        # report's untrained row. It draws no random number.
         if first_step == 0:
-            evaluate_val(params, cfg, data, out, 0, metrics, screen)
+            record(metrics, evaluate(params, cfg, data, out, 0, ("val", "test", "train")), out)
         for step in range(first_step, cfg.steps):
-            if stop_after is not None and step >= stop_after:   # as if killed here (tests)
+            if stop_after is not None and step >= stop_after:
                 return None
-            # Step: this step's learning rate and batch, then objective, clipping and AdamW.
             t0 = time.perf_counter()
             lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
             batch = sample_batch(data["tables"]["train"], cfg.batch_photos, rng_data)
             loss, stats, grad_norm = train_step(params, state, batch, cfg, lr, rng_mask)
             if not (np.isfinite(loss) and np.isfinite(grad_norm)):
-                record_divergence(out, step + 1, cfg.lr, f"loss {loss}, gradient norm {grad_norm}")
-
-            # Log: one line of log.jsonl per step (bytes: tell() is where a resume cuts back to).
-            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": grad_norm,
-                   "seconds": time.perf_counter() - t0}                   # wall time of this step
-            append_line(log, json.dumps(row))
-            screen.step(step, loss, lr)
-
-            # Evaluate: the val captions every eval_every steps (the last step's: finish below).
-            if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                evaluate_val(params, cfg, data, out, step + 1, metrics, screen)
-
-            # Checkpoint: what a resumed run needs, at every evaluation step, the last step, and
-            # at least every CHECKPOINT_SECONDS (a stop loses at most 10 minutes of steps).
-            if ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+                raise record_divergence(out, step + 1, f"loss {loss}, gradient norm {grad_norm}")
+            row = {"step": step + 1, **stats, "lr": lr, "grad_norm": float(grad_norm),
+                   "seconds": time.perf_counter() - t0}
+            log.write((json.dumps(row) + "\n").encode())
+            log.flush()
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update(1)
+            if plain and ((step + 1) % 50 == 0 or step == first_step):
+                print(f"[{cfg.objective}] step {step + 1}/{cfg.steps} loss {loss:.4f} "
+                      f"lr {lr:.2e}", flush=True)
+            last = step + 1 == cfg.steps
+            if (step + 1) % cfg.eval_every == 0 and not last:
+                entry = evaluate(params, cfg, data, out, step + 1, ("val",))
+                record(metrics, entry, out)
+                bar.write(f"[{cfg.objective}] step {step + 1} val paraphrase R@1 "
+                          f"{entry['val']['paraphrase_R@1']:.3f}")
+            if ((step + 1) % cfg.eval_every == 0 or last
                     or time.perf_counter() - t_saved >= CHECKPOINT_SECONDS):
-                save_checkpoint(out, step + 1, params, state, rngs, log.tell(),
-                                time.perf_counter() - t_start)
+                save_checkpoint(out, step + 1, params, state, (rng_data, rng_mask), metrics,
+                                log.tell(), time.perf_counter() - t_start)
                 t_saved = time.perf_counter()
-    return finish(params, cfg, data, out, metrics, t_start)
+
+    # Finish: the final weights, every split embedded, metrics.json with "final".
+    savez(out / "model.npz", **params, **{"tokenizer.vocab": np.array(data["tokenizer"].vocab)})
+    final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
+    wall = time.perf_counter() - t_start
+    metrics.update(final=final, wall_seconds=wall, ms_per_step=1000 * wall / cfg.steps)
+    record(metrics, final, out)
+    print(f"[{cfg.objective}] done: test paraphrase R@1 {final['test']['paraphrase_R@1']:.3f} "
+          f"(chance {final['test']['chance']:.3f})", flush=True)
+    return metrics
+
+
+def config_json(cfg, data):
+    """config.json: the config, and what it gives (vocabulary, parameters, photos, the bytes
+    of the captions and vocabulary files, by which a resume recognises them)."""
+    params = init_params(dataclasses.replace(cfg.model, dtype="float32"),
+                         np.random.default_rng(0))
+    files = {"captions_sha256": sha256_file(cfg.captions),
+             **({"vocab_sha256": sha256_file(cfg.vocab)} if cfg.vocab else {})}
+    return {"config": dataclasses.asdict(cfg), "info": {
+        "vocab_size": cfg.model.vocab_size, "parameters": param_count(params),
+        "photos": {k: len(v) for k, v in data["split"].items()}, **files}}
+
+
+def first_difference(a, b, where=""):
+    """The first key at which two nested dicts differ ("model.d_model: 64 -> 256"), or None;
+    the files are compared by their bytes, not by how their paths are spelled."""
+    for key in sorted(set(a) | set(b)):
+        if key in ("captions", "vocab"):
+            continue
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            found = first_difference(a[key], b[key], f"{where}{key}.")
+            if found:
+                return found
+        elif a.get(key) != b.get(key):
+            return f"{where}{key}: {a.get(key)!r} -> {b.get(key)!r}"
+    return None
+
+
+def record(metrics, entry, out):
+    if "final" not in metrics:
+        metrics["evals"].append(entry)
+    write_json(out / "metrics.json", metrics)
+
+
+def record_divergence(out, step, why):
+    write_json(out / "diverged.json", {"step": step, "why": why})
+    return Diverged(f"{out}: diverged at step {step} ({why})")
+
+
+def save_checkpoint(out, step, params, state, rngs, metrics, log_bytes, seconds):
+    """checkpoint.npz: weights, Adam moments, and as JSON the step, Adam's t, the random
+    streams, metrics so far and the log's length: all a resumed run needs."""
+    meta = {"step": step, "t": state["t"], "rngs": [r.bit_generator.state for r in rngs],
+            "metrics": metrics, "log_bytes": log_bytes, "seconds": seconds}
+    savez(out / "checkpoint.npz", meta=np.array(json.dumps(meta)),
+         **{f"params/{k}": v for k, v in params.items()},
+         **{f"m/{k}": v for k, v in state["m"].items()},
+         **{f"v/{k}": v for k, v in state["v"].items()})
+
+
+def load_checkpoint(out, params, state, rngs):
+    """Restore save_checkpoint's file in place. Returns (step, seconds, metrics, log_bytes)."""
+    with np.load(out / "checkpoint.npz") as f:
+        meta = json.loads(str(f["meta"]))
+        for prefix, target in (("params/", params), ("m/", state["m"]), ("v/", state["v"])):
+            for k in target:
+                target[k][...] = f[prefix + k]
+    state["t"] = meta["t"]
+    for rng, saved in zip(rngs, meta["rngs"]):
+        rng.bit_generator.state = saved
+    print(f"[{meta['metrics']['objective']}] {out}: resuming at step {meta['step']}", flush=True)
+    return meta["step"], meta["seconds"], meta["metrics"], meta["log_bytes"]
+
+
+def atomic_write(path, data):
+    """Write str or bytes to `path` through a temporary file and os.replace: a reader (or a
+    run killed mid-write) sees the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def savez(path, **arrays):
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write(path, buffer.getvalue())
+
+
+def write_json(path, obj):
+    atomic_write(path, json.dumps(obj, indent=1) + "\n")
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
