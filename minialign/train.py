@@ -100,13 +100,20 @@ def prepare(cfg):
     return {"captions": captions, "split": split, "tokenizer": tok, "tables": tables}
 
 
-def embed(params, tokens, model, causal):
+def init_weights(cfg, rng):
+    """The encoder's weights, then a variant's own (machinery/variants.py), if it has any."""
+    params = init_params(cfg.model, rng)
+    params.update(getattr(OBJECTIVES[cfg.objective], "init", lambda model, rng: {})(cfg.model, rng))
+    return params
+
+
+def embed(params, tokens, model, causal, encoder=encode):
     """Caption embeddings z (N, D), EVAL_BATCH captions at a time, each chunk cut to its
-    longest caption."""
+    longest caption. encoder: model.encode, or a variant's."""
     out = []
     for i in range(0, len(tokens), EVAL_BATCH):
         chunk = tokens[i:i + EVAL_BATCH]
-        out.append(encode(params, chunk[:, :(chunk != 0).sum(axis=1).max()], model, causal)[0])
+        out.append(encoder(params, chunk[:, :(chunk != 0).sum(axis=1).max()], model, causal)[0])
     return np.concatenate(out)                                            # (N, D)
 
 
@@ -123,7 +130,8 @@ def evaluate(params, cfg, data, out, step, splits):
             rows = table.offsets[photos] + s
             tokens = table.tokens[rows, :table.lengths[rows].max()]       # (P_s, T)
             with np.errstate(over="ignore", invalid="ignore"):
-                z = embed(params, tokens, cfg.model, CAUSAL[cfg.objective]).astype(np.float16)
+                z = embed(params, tokens, cfg.model, CAUSAL[cfg.objective],
+                          getattr(OBJECTIVES[cfg.objective], "encode", encode)).astype(np.float16)
             arrays[f"slot{s}_image_ids"] = data["captions"].image_ids[table.photo_idx[photos]]
             arrays[f"slot{s}_z"] = z
             slots.append(z.astype(np.float32))                            # what is saved
@@ -165,7 +173,7 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None):
     # Start: init, batch and mask streams seeded apart; fresh weights and Adam moments.
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
-    params = init_params(cfg.model, rng_init)
+    params = init_weights(cfg, rng_init)
     state = adam_init(params)
     first_step, seconds = 0, 0.0
     if resume and (out / "checkpoint.npz").is_file():
@@ -241,8 +249,8 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None):
 def config_json(cfg, data):
     """config.json: the config, and what it gives (vocabulary, parameters, photos, the bytes
     of the captions and vocabulary files, by which a resume recognises them)."""
-    params = init_params(dataclasses.replace(cfg.model, dtype="float32"),
-                         np.random.default_rng(0))
+    params = init_weights(dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, dtype="float32")), np.random.default_rng(0))
     files = {"captions_sha256": sha256_file(cfg.captions),
              **({"vocab_sha256": sha256_file(cfg.vocab)} if cfg.vocab else {})}
     return {"config": dataclasses.asdict(cfg), "info": {

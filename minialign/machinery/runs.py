@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..objectives import CAUSAL
+from ..model import encode
+from ..objectives import CAUSAL, OBJECTIVES
 from ..tokenizer import Tokenizer, pad_batch
 from ..train import TrainConfig, atomic_write, embed, savez, sha256_file, write_json  # noqa: F401
 from ..wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
@@ -132,4 +133,5 @@ def embed_captions(run_dir, captions):
         raise ValueError("captions must be a non-empty list of strings")
     params, cfg, tok = load_model(run_dir)
     tokens = pad_batch([tok.encode(c, cfg.model.max_len)[0] for c in captions])   # (N, T)
-    return embed(params, tokens, cfg.model, CAUSAL[cfg.objective]).astype(np.float32)
+    encoder = getattr(OBJECTIVES[cfg.objective], "encode", encode)
+    return embed(params, tokens, cfg.model, CAUSAL[cfg.objective], encoder).astype(np.float32)
