@@ -1,32 +1,17 @@
-"""Transformer layers as forward/backward function pairs, written out by hand: the reference.
+"""Transformer layers as forward/backward pairs, written out by hand: the reference set that
+model.encode is written in (machinery/fast.py has the same names, faster, tested against it).
 
-Sizes used in shape comments throughout minialign:
-    B  batch (sequences)        T  tokens per sequence (after trimming padding)
-    D  model width              H  attention heads, Dh = D // H per head
-    F  MLP hidden width         L  blocks
-    V  vocabulary               N  evaluation photos
-    n  real (non-PAD) tokens of a batch, packed as the rows of an (n, D) array
-    Bg captions in one attention group, Tg its longest caption, n_g its real tokens
-
-Every `*_forward` returns `(y, cache)`; the matching `*_backward(dy, cache)` returns the
-gradients of the forward's float-array arguments, in their order (masks and attention biases
-are constants and get none). A cache is a plain tuple the caller holds, so one layer can run
-twice (two views) before any backward. Layers never cast (float64 in the gradient checks,
-float32 in training) and never write into their `dy` or cache.
-
-This module is the reference, and model.encode is written in its calls. A faster set with
-the same names and signatures (machinery/fast.py) is tested against it.
-
-The set's interface, what encode and next_token call: token_rows; embedding_*, layernorm_*,
-linear_*, gelu_*; attention_* and pool_* (the batch's real tokens as rows); lm_head_* and
-cross_entropy (losses.cross_entropy, imported here so the set is one module).
+Sizes: B captions, T tokens per caption, D width, H heads (Dh = D / H), F MLP width, V
+vocabulary, n real (non-PAD) tokens of a batch packed as the rows of an (n, D) array.
+Every `*_forward` returns (y, cache); `*_backward(dy, cache)` returns the gradients of the
+forward's float arguments in their order. Layers never cast and never write into dy or cache.
 """
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .losses import cross_entropy  # next_token's loss, one of the set's names (losses.py's)
+from .losses import cross_entropy  # noqa: F401 (next_token's loss: the set is one module)
 
 LN_EPS = 1e-5  # variance floor inside LayerNorm (GPT-2 / PyTorch default)
 GELU_C = math.sqrt(2.0 / math.pi)  # tanh approximation of GELU (Hendrycks & Gimpel 2016, sec. 2)
@@ -145,13 +130,9 @@ def merge_heads(x):
 
 
 def mha_forward(x, w_qkv, b_qkv, w_o, b_o, bias, n_heads):
-    """Multi-head self-attention (Vaswani et al. 2017, eq. 1 and sec. 3.2.2), dense:
-    q | k | v = x w_qkv + b_qkv, y = concat_heads(softmax(q k^T / sqrt(Dh) + bias) v) w_o + b_o.
-    x: (B, T, D); w_qkv: (D, 3D), columns q | k | v, head j at j*Dh:(j+1)*Dh inside each;
-    b_qkv: (3D,); w_o: (D, D); b_o: (D,); bias: attention_bias(...), 0 where query t may read
-    key s and -inf where not, (B, 1, T, T) or (B, 1, 1, T). Every query must see at least one
-    key (no empty caption). Outputs at padding positions are computed but mean nothing.
-    Returns y: (B, T, D) and a cache."""
+    """Multi-head self-attention (Vaswani et al. 2017), dense: q | k | v = x w_qkv + b_qkv,
+    y = concat_heads(softmax(q k^T / sqrt(Dh) + bias) v) w_o + b_o. x: (B, T, D); w_qkv (D, 3D),
+    head j at j*Dh:(j+1)*Dh of each of q | k | v; bias: attention_bias. Returns y (B, T, D)."""
     B, T, D = x.shape
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                          # (B, T, 3D)
     q, k, v = (split_heads(t, n_heads) for t in np.split(qkv, 3, axis=-1))  # 3 x (B, H, T, Dh)
@@ -188,10 +169,8 @@ def mha_backward(dy, cache):
 
 # ---------------------------------------------------------------- pooling
 def mean_pool_forward(h, seq, n_seqs):
-    """Mean over each sequence's real tokens, as a matrix product: z = P h with
-    P[b, i] = 1 / n_b if packed row i belongs to sequence b (n_b rows), else 0.
-    h: (n, D) packed; seq: (n,) int, the sequence of each row; a sequence with no row pools
-    to 0. Returns z: (n_seqs, D) and a cache."""
+    """Mean over each sequence's rows as a matrix product z = P h, P[b, i] = 1 / n_b if row i
+    belongs to sequence b (n_b rows). h: (n, D); seq: (n,) int. Returns z (n_seqs, D)."""
     # --- exercise 3: mean pooling ---
     counts = np.bincount(seq, minlength=n_seqs)                           # (n_seqs,) n_b
     P = np.zeros((n_seqs, len(seq)), dtype=h.dtype)                       # (n_seqs, n)

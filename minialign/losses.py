@@ -47,18 +47,11 @@ def _invariance_term(z_a, z_b):
 
 
 def vicreg_loss(z_a, z_b, sim_weight=25.0, var_weight=25.0, cov_weight=1.0):
-    """VICReg (Bardes, Ponce & LeCun 2022, eq. 6) between two batches of paired embeddings:
+    """VICReg (Bardes, Ponce & LeCun 2022, eq. 6) between paired embeddings z_a, z_b (N, D):
         loss = sim_weight * s(Z_a, Z_b) + var_weight * [v(Z_a) + v(Z_b)] / 2
                + cov_weight * [c(Z_a) + c(Z_b)]
-    s = mean over the N rows and D dimensions of (z_a - z_b)^2 (eq. 5 divided by D);
-    v = mean_j relu(1 - sqrt(Var(z_j) + 1e-4)), unbiased variance (eq. 1);
-    c = sum of squared off-diagonal entries of the (N-1) covariance, divided by D (eq. 4).
-    The paper's eq. 6 sums the two variance terms; we average them, as the authors' released
-    code does (facebookresearch/vicreg main_vicreg.py), so with the published weights 25/25/1
-    the variance hinge has the same strength as in every released VICReg run.
-    Weights: sim_weight = lambda, var_weight = mu, cov_weight = nu in the paper.
-    z_a, z_b: (N, D) float, row i of each is one pair; N >= 2.
-    Returns loss (float), (dz_a, dz_b) each (N, D), and stats {loss, inv, var, cov}."""
+    The two variance terms are averaged, as the authors' released code does (the paper sums).
+    Returns loss, (dz_a, dz_b) each (N, D), and stats {loss, inv, var, cov}."""
     assert z_a.shape == z_b.shape and z_a.ndim == 2, (z_a.shape, z_b.shape)
     N, D = z_a.shape
     if N < 2:
@@ -77,10 +70,9 @@ def vicreg_loss(z_a, z_b, sim_weight=25.0, var_weight=25.0, cov_weight=1.0):
 
 
 def cross_entropy(logits, targets):
-    """Softmax cross-entropy averaged over the given targets: mean_i -log softmax(logits_i)[t_i].
-    The caller passes only positions that have a real next token (no padding), so the mean is
-    over non-padding targets. logits: (n, V) float; targets: (n,) int in [0, V).
-    Returns loss (float), dlogits (n, V) = (softmax - onehot) / n, and stats {ce, targets (= n)}."""
+    """Softmax cross-entropy mean_i -log softmax(logits_i)[t_i] over the positions that have a
+    next token. logits: (n, V); targets: (n,) int. Returns loss, dlogits (n, V) =
+    (softmax - onehot) / n, and stats {ce, targets}."""
     n, V = logits.shape
     assert targets.shape == (n,), (targets.shape, n)
     if n == 0:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import layers
-from .tokenizer import PAD, SPECIALS
+from .tokenizer import PAD
 try:
     from .machinery import fast          # absent from a student copy: it trains layers.py
 except ImportError:

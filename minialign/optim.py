@@ -1,6 +1,5 @@
-"""AdamW with decoupled weight decay, a warm-up + cosine learning-rate schedule, and global-norm
-gradient clipping. Parameters, gradients and moments are flat dicts with the same keys; every
-update happens in place, so the big arrays are allocated once per run."""
+"""AdamW, a warm-up + cosine learning-rate schedule, global-norm clipping. Parameters,
+gradients and moments are flat dicts with the same keys, updated in place."""
 import math
 
 import numpy as np
@@ -8,15 +7,8 @@ import numpy as np
 ADAM_BETA1 = 0.9     # Kingma & Ba 2015, Algorithm 1 defaults
 ADAM_BETA2 = 0.999
 ADAM_EPS = 1e-8
-# Only weight matrices decay (Loshchilov & Hutter 2019); LayerNorm gains/shifts, biases and the
-# embeddings do not, unless `decay_embeddings` is set (the usual GPT-2 / BERT practice).
+# Only weight matrices decay; LayerNorm gains and shifts, biases and embeddings do not (GPT-2)
 DECAYED_SUFFIXES = (".w_qkv", ".w_o", ".w_in", ".w_out")
-EMBEDDINGS = ("tok_emb", "pos_emb")
-
-
-def decays(name, decay_embeddings=False):
-    """Whether parameter `name` gets weight decay."""
-    return name.endswith(DECAYED_SUFFIXES) or (decay_embeddings and name in EMBEDDINGS)
 
 
 def adam_init(params):
@@ -26,11 +18,10 @@ def adam_init(params):
             "t": 0}
 
 
-def adam_step(params, grads, state, lr, weight_decay=0.0, decay_embeddings=False,
-              beta1=ADAM_BETA1, beta2=ADAM_BETA2, eps=ADAM_EPS):
+def adam_step(params, grads, state, lr, weight_decay=0.0, beta1=ADAM_BETA1, beta2=ADAM_BETA2, eps=ADAM_EPS):
     """One AdamW update, in place (Loshchilov & Hutter 2019, Algorithm 2 with eta_t = 1):
         m <- beta1 m + (1 - beta1) g;   v <- beta2 v + (1 - beta2) g^2
-        p <- p - lr * weight_decay * p  (decoupled; only where decays(name))
+        p <- p - lr * weight_decay * p  (decoupled; weight matrices only)
         p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
     params, grads: {name: array}; state: from adam_init, updated in place; lr: step size."""
     # --- exercise 9: AdamW step ---
@@ -44,7 +35,7 @@ def adam_step(params, grads, state, lr, weight_decay=0.0, decay_embeddings=False
         m += (1.0 - beta1) * g
         v *= beta2
         v += (1.0 - beta2) * (g * g)
-        if weight_decay and decays(name, decay_embeddings):
+        if weight_decay and name.endswith(DECAYED_SUFFIXES):
             p *= 1.0 - lr * weight_decay
         denom = np.sqrt(v * v_scale)                                      # same shape as p
         denom += eps
@@ -53,9 +44,8 @@ def adam_step(params, grads, state, lr, weight_decay=0.0, decay_embeddings=False
 
 
 def clip_grad_norm(grads, max_norm):
-    """Scale every gradient by min(1, max_norm / ||g||), ||g|| the global L2 norm over all
-    of them (Pascanu et al. 2013). In place. Returns ||g|| before clipping (float).
-    max_norm <= 0 or None: measure only."""
+    """Scale every gradient in place by min(1, max_norm / ||g||), ||g|| the global L2 norm
+    (Pascanu et al. 2013). Returns ||g|| before clipping; max_norm None or 0: measure only."""
     norm = math.sqrt(sum(float(np.dot(g.ravel(), g.ravel())) for g in grads.values()))
     if max_norm and norm > max_norm:
         scale = max_norm / (norm + 1e-6)

@@ -1,10 +1,6 @@
 """Word-level tokenizer: caption text <-> int32 token ids, and the one caption cleaning.
-
-clean_caption is the only cleaning, applied on every path from text to tokens (the loader,
-build_tokenizer, Tokenizer.encode; it is idempotent), so raw text given to
-encoder.embed_captions tokenizes exactly like the training captions. Every caption becomes
-[BOS, w1, ..., wn, EOS], padded with PAD at the end. The vocabulary comes from the TRAINING
-captions only, so words seen only in val or test map to UNK.
+Every caption becomes [BOS, w1, ..., wn, EOS], then PAD. The vocabulary comes from the
+TRAINING captions only, so words seen only in val or test map to UNK.
 """
 import re
 import unicodedata
@@ -21,23 +17,18 @@ MASK = 4  # replaces a word in the bad-views objective
 SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>", "<mask>")  # vocab[i] for the ids above
 MAX_LEN = 64  # tokens per caption including BOS and EOS; the longest val2017 caption has 56
 
-# A word is a run of letters, digits or apostrophes ("man's", "2", "o'clock"); every other
-# non-space character (".", ",", "-", "&", ...) is a token of its own. Python's \w also counts
-# "_" as a letter; COCO captions have none, so we keep the simpler pattern.
+# A word is a run of letters, digits or apostrophes ("man's"); any other non-space character
+# is a token of its own
 WORD_RE = re.compile(r"[\w']+|[^\w\s]")
 
-# Typographic apostrophes and quotes -> ASCII, so "dog’s" and "dog's" are one word.
-# U+2019 right single quote (the usual curly apostrophe), U+2018 left single quote,
-# U+02BC modifier letter apostrophe, U+2032 prime; U+201C / U+201D left / right double quote.
+# Typographic apostrophes and quotes -> ASCII, so "dog’s" and "dog's" are one word
 TO_ASCII_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2032": "'",
                                  "\u201c": '"', "\u201d": '"'})
 
 
 def clean_caption(s: str) -> str:
-    """The caption cleaning used everywhere: lowercase; Unicode NFC, so "cafe\\u0301" (e +
-    combining acute) and "caf\\u00e9" are one string; curly apostrophes and quotes -> ASCII
-    (TO_ASCII_QUOTES); each run of whitespace -> one space, none at either end. Idempotent.
-    "A Dog\\u2019s  bed\\n" -> "a dog's bed"; " \\n " -> "". Raises TypeError if s is not a str."""
+    """The one cleaning, on every path from text to tokens: lowercase, Unicode NFC, ASCII
+    quotes, single spaces. Idempotent: "A Dog\\u2019s  bed\\n" -> "a dog's bed"."""
     if not isinstance(s, str):
         raise TypeError(f"a caption must be a str, got {type(s).__name__}: {s!r}")
     s = unicodedata.normalize("NFC", s.lower())   # lower first: NFC of lowercase stays lowercase
@@ -45,15 +36,13 @@ def clean_caption(s: str) -> str:
 
 
 def split_words(caption: str) -> list[str]:
-    """Split an already cleaned (clean_caption) caption into word tokens; no cleaning here.
-    "a man's bike, parked." -> ["a", "man's", "bike", ",", "parked", "."] (see WORD_RE)."""
+    """A cleaned caption's tokens: "a man's bike." -> ["a", "man's", "bike", "."]."""
     return WORD_RE.findall(caption)
 
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """A fixed vocabulary: vocab[i] is the string of token id i, SPECIALS at ids 0..4.
-    Raises ValueError if the specials are not at their ids or a word appears twice."""
+    """A fixed vocabulary: vocab[i] is the string of token id i, SPECIALS at ids 0..4."""
     vocab: tuple[str, ...]
     index: dict = field(init=False, repr=False, compare=False)  # word -> id, built below
 
@@ -68,14 +57,11 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """V, the number of rows of the embedding table and columns of the output logits."""
         return len(self.vocab)
 
     def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
-        """Caption -> ids (n,) int32 = [BOS, w1..wk, EOS], unknown words -> UNK. The caption
-        is cleaned first (clean_caption; a no-op on already cleaned text), so raw text works.
-        n <= max_len: a longer caption keeps its first max_len - 1 tokens and ends with EOS
-        (truncated=True). Raises ValueError if max_len < 2 (no room for BOS and EOS)."""
+        """Raw caption -> (ids (n,) int32 = [BOS, w1..wk, EOS] with unknown words UNK,
+        truncated): a caption longer than max_len keeps max_len - 1 tokens, then EOS."""
         if max_len < 2:
             raise ValueError(f"max_len must be >= 2 to hold BOS and EOS, got {max_len}")
         words = [self.index.get(w, UNK) for w in split_words(clean_caption(caption))]
@@ -84,9 +70,7 @@ class Tokenizer:
         return np.array(ids, dtype=np.int32), truncated
 
     def decode(self, ids) -> str:
-        """ids (n,) int -> words joined by single spaces. BOS and PAD are omitted and reading
-        stops at the first EOS; UNK and MASK read as "<unk>" and "<mask>".
-        Raises ValueError for an id outside [0, V)."""
+        """ids -> words joined by spaces, up to the first EOS; BOS and PAD omitted."""
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= len(self.vocab)):
             raise ValueError(f"token ids must be in [0, {len(self.vocab)}), got "
@@ -101,10 +85,8 @@ class Tokenizer:
 
 
 def build_tokenizer(captions: list[str], min_count: int = 1) -> Tokenizer:
-    """Vocabulary from the TRAINING captions (each cleaned by clean_caption, a no-op on the
-    loader's already cleaned captions): SPECIALS, then every word seen at least min_count
-    times, by descending count, ties alphabetically (deterministic).
-    Raises ValueError if min_count < 1."""
+    """SPECIALS, then every word of the training captions seen at least min_count times, by
+    descending count, ties alphabetically."""
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
     counts = Counter(w for caption in captions for w in split_words(clean_caption(caption)))
@@ -114,8 +96,7 @@ def build_tokenizer(captions: list[str], min_count: int = 1) -> Tokenizer:
 
 
 def pad_batch(seqs: list[np.ndarray]) -> np.ndarray:
-    """Stack 1-D id arrays into (B, T) int32, PAD after each sequence's end, where T is the
-    longest sequence in THIS batch (no padding beyond it). Raises ValueError if empty."""
+    """1-D id arrays -> (B, T) int32, PAD after each; T = the longest of them."""
     if len(seqs) == 0:
         raise ValueError("pad_batch needs at least one sequence")
     T = max(len(s) for s in seqs)

@@ -20,7 +20,8 @@ import numpy as np
 from ..model import encode
 from ..objectives import CAUSAL, OBJECTIVES
 from ..tokenizer import Tokenizer, pad_batch
-from ..train import TrainConfig, atomic_write, embed, savez, sha256_file, write_json  # noqa: F401
+from ..checkpoint import atomic_write, savez, sha256_file, write_json  # noqa: F401
+from ..train import TrainConfig, embed
 from ..wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
 
 CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")
