@@ -10,6 +10,57 @@ from pathlib import Path
 import numpy as np
 
 
+class Diverged(FloatingPointError):
+    """The loss stopped being finite; the run's diverged.json says when."""
+
+
+def check_run_dir(out, saved, resume, force):
+    """Refuse, before anything is written: a directory holding another run's config (resume),
+    a directory that is not empty (neither resume nor force), a run that diverged (resume)."""
+    if resume and (out / "config.json").is_file():
+        first = first_difference(json.loads((out / "config.json").read_text()), saved)
+        if first:
+            raise ValueError(f"{out / 'config.json'}: a run of another config ({first}); "
+                             f"pick another directory or pass --force")
+        if (out / "diverged.json").is_file():
+            raise Diverged(f"{out}: diverged ({(out / 'diverged.json').read_text().strip()})")
+    elif not force and out.is_dir() and any(p.name != ".lock" for p in out.iterdir()):
+        raise FileExistsError(f"{out}: not empty (pass --resume to continue it, --force to "
+                              f"start over)")
+
+
+def first_difference(a, b, where=""):
+    """The first key at which two nested dicts differ ("model.d_model: 64 -> 256"), or None;
+    files are compared by their bytes (sha256 in "info"), not by how their paths are spelled."""
+    for key in sorted(set(a) | set(b)):
+        if key in ("captions", "vocab"):
+            continue
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            found = first_difference(a[key], b[key], f"{where}{key}.")
+            if found:
+                return found
+        elif a.get(key) != b.get(key):
+            return f"{where}{key}: {a.get(key)!r} -> {b.get(key)!r}"
+    return None
+
+
+def start_run(out, saved):
+    """A run from step 0: an earlier attempt's files removed, config.json written. Returns the
+    new metrics dict."""
+    for name in ("log.jsonl", "metrics.json", "checkpoint.npz", "model.npz", "diverged.json"):
+        (out / name).unlink(missing_ok=True)
+    for path in (out / "captions").glob("*.npz"):
+        path.unlink()
+    write_json(out / "config.json", saved)
+    cfg = saved["config"]
+    return {"objective": cfg["objective"], "seed": cfg["seed"], "lr": cfg["lr"], "evals": []}
+
+
+def record_divergence(out, step, why):
+    write_json(out / "diverged.json", {"step": step, "why": why})
+    return Diverged(f"{out}: diverged at step {step} ({why})")
+
+
 def save_checkpoint(out, step, params, state, rngs, metrics, log_bytes, seconds):
     """checkpoint.npz: weights, Adam moments, and as JSON the step, Adam's t, the random
     streams, metrics so far and the log's length: all a resumed run needs."""
@@ -22,7 +73,8 @@ def save_checkpoint(out, step, params, state, rngs, metrics, log_bytes, seconds)
 
 
 def load_checkpoint(out, params, state, rngs):
-    """Restore save_checkpoint's file in place. Returns (step, seconds, metrics, log_bytes)."""
+    """Restore save_checkpoint's file in place and cut the run's files back to its step.
+    Returns (step, seconds trained, metrics)."""
     with np.load(out / "checkpoint.npz") as f:
         meta = json.loads(str(f["meta"]))
         for prefix, target in (("params/", params), ("m/", state["m"]), ("v/", state["v"])):
@@ -31,8 +83,13 @@ def load_checkpoint(out, params, state, rngs):
     state["t"] = meta["t"]
     for rng, saved in zip(rngs, meta["rngs"]):
         rng.bit_generator.state = saved
+    with open(out / "log.jsonl", "r+b") as f:
+        f.truncate(meta["log_bytes"])
+    for path in (out / "captions").glob("*.npz"):
+        if int(path.stem.split("_step")[1]) > meta["step"]:
+            path.unlink()
     print(f"[{meta['metrics']['objective']}] {out}: resuming at step {meta['step']}", flush=True)
-    return meta["step"], meta["seconds"], meta["metrics"], meta["log_bytes"]
+    return meta["step"], meta["seconds"], meta["metrics"]
 
 
 def atomic_write(path, data):

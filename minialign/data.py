@@ -12,38 +12,23 @@ import numpy as np
 
 from .tokenizer import MAX_LEN, Tokenizer, clean_caption, pad_batch
 
-SPLIT_SEED = 20170  # fixed seed for the photo split, independent of any training seed
-MAX_SPLIT = 1000    # val and test photos each: min(MAX_SPLIT, P // SPLIT_DIVISOR)
-SPLIT_DIVISOR = 5   # 5000 photos -> 3000/1000/1000, 10,000 -> 8000/1000/1000
-MIN_SPLIT = 3       # fewest photos any split may hold
+SPLIT_SEED = 20170  # the photo split's seed, independent of any training seed
 
 
-def split_photos(image_ids: np.ndarray, split_seed: int = SPLIT_SEED,
-                 n_val: int | None = None, n_test: int | None = None) -> dict[str, np.ndarray]:
-    """Split photos (never captions) into train/val/test, deterministically.
-    image_ids: (P,) distinct ints. n_val, n_test default to min(1000, P // 5); train gets the
-    rest. The photos are sorted by id and permuted by default_rng(split_seed), so the split
-    depends only on the set of ids and split_seed. Returns {"train", "val", "test"}: int64
-    index arrays into image_ids, each sorted ascending, disjoint, together covering 0..P-1.
-    Raises ValueError for repeated ids or if a split would hold fewer than 3 photos."""
-    image_ids = np.asarray(image_ids)
+def split_photos(image_ids, split_seed=SPLIT_SEED):
+    """Split photos (never captions) into train / val / test: val and test get min(1000, P // 5)
+    photos each (5000 -> 3000/1000/1000, 10,000 -> 8000/1000/1000), by a permutation of the
+    photos sorted by id, from default_rng(split_seed). Returns {"train", "val", "test"}: sorted
+    int64 index arrays into image_ids. Raises ValueError for repeated ids or a split < 3."""
     P = len(image_ids)
-    if len(np.unique(image_ids)) != P:
-        raise ValueError("image_ids must be distinct")
-    default = min(MAX_SPLIT, P // SPLIT_DIVISOR)
-    n_val = default if n_val is None else n_val
-    n_test = default if n_test is None else n_test
-    n_train = P - n_val - n_test
-    if min(n_train, n_val, n_test) < MIN_SPLIT:
-        raise ValueError(f"{P} photos cannot give train/val/test = {n_train}/{n_val}/{n_test}: "
-                         f"each split needs at least {MIN_SPLIT} photos")
-    by_id = np.argsort(image_ids, kind="stable")                        # (P,)
-    shuffled = by_id[np.random.default_rng(split_seed).permutation(P)]  # (P,)
-    return {
-        "train": np.sort(shuffled[n_val + n_test:]).astype(np.int64),  # (n_train,)
-        "val": np.sort(shuffled[:n_val]).astype(np.int64),             # (n_val,)
-        "test": np.sort(shuffled[n_val:n_val + n_test]).astype(np.int64),  # (n_test,)
-    }
+    n = min(1000, P // 5)
+    if len(np.unique(image_ids)) != P or P - 2 * n < 3 or n < 3:
+        raise ValueError(f"{P} photos with {len(np.unique(image_ids))} distinct ids cannot give "
+                         f"train/val/test splits of at least 3 photos")
+    shuffled = np.argsort(image_ids, kind="stable")[np.random.default_rng(split_seed).permutation(P)]
+    return {"train": np.sort(shuffled[2 * n:]).astype(np.int64),
+            "val": np.sort(shuffled[:n]).astype(np.int64),
+            "test": np.sort(shuffled[n:2 * n]).astype(np.int64)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,14 +87,9 @@ class Batch:
 
 def tokenize_photos(captions, photo_idx: np.ndarray, tok: Tokenizer,
                     max_len: int = MAX_LEN) -> tuple[CaptionTable, int]:
-    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split). Returns (table, number of captions truncated to max_len). Raises
-    ValueError if photo_idx is not 1-D, empty, repeats a photo, or is out of range."""
+    """Encode all captions of the photos captions.captions[photo_idx] (e.g. a split).
+    Returns (table, number of captions truncated to max_len)."""
     photo_idx = np.array(photo_idx, dtype=np.int64)  # a copy: it is made read-only below
-    P = len(captions.captions)
-    if photo_idx.ndim != 1 or len(photo_idx) == 0:
-        raise ValueError(f"photo_idx must be a non-empty 1-D array, got shape {photo_idx.shape}")
-    if photo_idx.min() < 0 or photo_idx.max() >= P or len(np.unique(photo_idx)) != len(photo_idx):
-        raise ValueError(f"photo_idx must be distinct indices in [0, {P})")
     encoded = [tok.encode(c, max_len) for p in photo_idx for c in captions.captions[p]]
     seqs, n_truncated = [ids for ids, _ in encoded], sum(cut for _, cut in encoded)
     counts = np.array([len(captions.captions[p]) for p in photo_idx], dtype=np.int64)  # (P_t,)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import load_checkpoint, save_checkpoint, savez, sha256_file, write_json
+from .checkpoint import (check_run_dir, load_checkpoint, record_divergence,
+                         save_checkpoint, savez, sha256_file, start_run, write_json)
 from .data import SPLIT_SEED, load_captions, sample_batch, split_photos, tokenize_photos
 from .metrics import collapse_stats, paraphrase_r_at_1
 from .model import ModelConfig, encode, init_params, param_count
@@ -58,10 +59,6 @@ class TrainConfig:
             raise ValueError(f"unknown objective {self.objective!r}; one of {', '.join(OBJECTIVES)}")
         if (self.tokenizer == "wordpiece") != bool(self.vocab):
             raise ValueError("the wordpiece tokenizer needs a vocabulary file; words needs none")
-
-
-class Diverged(FloatingPointError):
-    """The loss stopped being finite; the run's diverged.json says when."""
 
 
 def train_step(params, state, batch, cfg, lr, rng):
@@ -156,40 +153,17 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None):
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
     saved = config_json(cfg, data)
-    begun = (out / "config.json").is_file()
-    if begun and resume:
-        first = first_difference(json.loads((out / "config.json").read_text()), saved)
-        if first:
-            raise ValueError(f"{out / 'config.json'}: a run of another config ({first}); "
-                             f"pick another directory or pass --force")
-    elif out.is_dir() and any(p.name != ".lock" for p in out.iterdir()) and not force:
-        raise FileExistsError(f"{out}: not empty (pass --resume to continue it, --force to "
-                              f"start over)")
-    if (out / "diverged.json").is_file() and resume:
-        raise Diverged(f"{out}: diverged before ({(out / 'diverged.json').read_text().strip()})")
-
+    check_run_dir(out, saved, resume, force)
     # Start: init, batch and mask streams seeded apart; fresh weights and Adam moments.
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
     params = init_weights(cfg, rng_init)
     state = adam_init(params)
-    first_step, seconds = 0, 0.0
-    if resume and (out / "checkpoint.npz").is_file():
-        # Resume: weights, moments, streams and metrics as saved; later files cut back.
-        first_step, seconds, metrics, log_bytes = load_checkpoint(out, params, state,
-                                                                  (rng_data, rng_mask))
-        with open(out / "log.jsonl", "r+b") as f:
-            f.truncate(log_bytes)
-        for path in (out / "captions").glob("*.npz"):
-            if int(path.stem.split("_step")[1]) > first_step:
-                path.unlink()
+    if resume and (out / "checkpoint.npz").is_file():   # weights, moments, streams, metrics
+        first_step, seconds, metrics = load_checkpoint(out, params, state, (rng_data, rng_mask))
     else:
-        for name in ("log.jsonl", "metrics.json", "checkpoint.npz", "model.npz", "diverged.json"):
-            (out / name).unlink(missing_ok=True)
-        for path in (out / "captions").glob("*.npz"):
-            path.unlink()
-        write_json(out / "config.json", saved)
-        metrics = {"objective": cfg.objective, "seed": cfg.seed, "lr": cfg.lr, "evals": []}
+        first_step, seconds = 0, 0.0
+        metrics = start_run(out, saved)
     print(f"[{cfg.objective}] vocabulary {cfg.model.vocab_size} {cfg.tokenizer}, "
           f"{saved['info']['parameters']:,} parameters, photos {saved['info']['photos']}",
           flush=True)
@@ -256,27 +230,7 @@ def config_json(cfg, data):
         "photos": {k: len(v) for k, v in data["split"].items()}, **files}}
 
 
-def first_difference(a, b, where=""):
-    """The first key at which two nested dicts differ ("model.d_model: 64 -> 256"), or None;
-    the files are compared by their bytes, not by how their paths are spelled."""
-    for key in sorted(set(a) | set(b)):
-        if key in ("captions", "vocab"):
-            continue
-        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
-            found = first_difference(a[key], b[key], f"{where}{key}.")
-            if found:
-                return found
-        elif a.get(key) != b.get(key):
-            return f"{where}{key}: {a.get(key)!r} -> {b.get(key)!r}"
-    return None
-
-
 def record(metrics, entry, out):
     if "final" not in metrics:
         metrics["evals"].append(entry)
     write_json(out / "metrics.json", metrics)
-
-
-def record_divergence(out, step, why):
-    write_json(out / "diverged.json", {"step": step, "why": why})
-    return Diverged(f"{out}: diverged at step {step} ({why})")
