@@ -5,6 +5,7 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,14 @@ def atomic_write(path, data):
 
 
 def savez(path, **arrays):
+    """{name: array} as an uncompressed .npz, atomically, with a fixed timestamp in every zip
+    entry (np.savez stamps the current time), so the same arrays give the same bytes."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    with zipfile.ZipFile(buffer, mode="w", compression=zipfile.ZIP_STORED) as zf:
+        for name, array in arrays.items():
+            with zf.open(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
+                         force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(array), allow_pickle=False)
     atomic_write(path, buffer.getvalue())
 
 
