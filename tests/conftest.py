@@ -1,35 +1,58 @@
+"""Shared markers, the ../shared paths, a small captions file, and the local HTTP(S) server."""
+import json
 import os
-import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from minialign.machinery import fastpath
-from minialign.machinery.run.blasenv import one_blas_thread
+from minialign import model
 
-# Before any test imports numpy: its BLAS on one thread, as `python -m minialign` sets it
-# (blasenv.py), so a bit-identity test of the same code on 1, 2 or 3 pool threads holds on
-# Accelerate, MKL and BLIS too (OpenBLAS: machine.use_cores).
-one_blas_thread(os.environ, [])
-
-# a test that signals another process as a terminal, `kill` or `timeout` does (SIGINT, SIGTERM
-# to a process or its group): Windows has no such signals (docs/platforms.md)
 POSIX_SIGNALS = pytest.mark.skipif(os.name == "nt", reason="sends POSIX signals, which Windows "
                                                            "does not have")
-# a test of the fast path (minialign/machinery/fastpath/), or of numbers recorded on it: a
-# student copy has none (docs/course.md, "What the student copy holds")
-NEEDS_FAST_PATH = pytest.mark.skipif(not fastpath.PRESENT, reason="a student copy has no fast "
-                                     "path (docs/course.md, What the student copy holds)")
-SHARED_COCO = Path(__file__).resolve().parents[1].parent / "shared" / "coco"  # beside the checkout
-REAL_CAPTIONS = SHARED_COCO / "captions_val2017.json"
+NEEDS_FAST_PATH = pytest.mark.skipif(model.fast is None, reason="a student copy has no fast path")
+SHARED = Path(__file__).resolve().parents[2] / "shared"          # beside the checkout
+REAL_CAPTIONS = SHARED / "coco" / "captions_val2017.json"
+BERT_VOCAB = SHARED / "tokenizers" / "bert-base-uncased-vocab.txt"
+
+
+def shared(path):
+    """path under ../shared, or a skip that says why."""
+    if not path.is_file():
+        pytest.skip(f"{path} not found (../shared is absent)")
+    return path
 
 
 @pytest.fixture
 def real_captions_path():
-    """The real COCO val2017 captions beside the checkout, or a skip that says why."""
-    if not REAL_CAPTIONS.exists():
-        pytest.skip(f"real COCO captions not found at {REAL_CAPTIONS} (../shared is absent)")
-    return REAL_CAPTIONS
+    return shared(REAL_CAPTIONS)
+
+
+COLORS = ("red", "blue", "green", "yellow", "black", "white")
+THINGS = ("dog", "cat", "car", "bike", "horse", "bus", "kite", "boat")
+PLACES = ("park", "street", "beach", "kitchen", "field")
+TEMPLATES = ("a {c} {t} in the {p}", "there is a {c} {t} at the {p}", "the {p} with a {c} {t}",
+             "A {t} , {c} , in a {p} .", "one {c} {t} near the {p}")
+
+
+def write_captions(path, n_photos=120, seed=0):
+    """A COCO captions JSON of n_photos made-up photos, five captions each, that share words
+    with each other (a colour, a thing, a place): small enough to train on in a second."""
+    rng = np.random.default_rng(seed)
+    annotations = []
+    for p in range(n_photos):
+        c, t, pl = COLORS[rng.integers(6)], THINGS[rng.integers(8)], PLACES[rng.integers(5)]
+        for k, template in enumerate(TEMPLATES):
+            annotations.append({"id": 10 * p + k, "image_id": 3 * p + 7,
+                                "caption": template.format(c=c, t=t, p=pl)})
+    Path(path).write_text(json.dumps({"annotations": annotations}))
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def captions(tmp_path_factory):
+    """The path of write_captions' file (120 photos: 72 train, 24 val, 24 test)."""
+    return write_captions(tmp_path_factory.mktemp("captions") / "captions.json")
 
 
 @pytest.fixture
@@ -58,11 +81,3 @@ def tls_server(tls_cert):
     from localhttp import serve
     with serve(tls_cert) as srv:
         yield srv
-
-
-def pytest_terminal_summary(terminalreporter):
-    """Which comparison the reference tests made (exact or to a tolerance), when they ran."""
-    reference = sys.modules.get("test_reference")
-    if reference is not None and terminalreporter.stats.get("passed", []) + \
-            terminalreporter.stats.get("failed", []):
-        terminalreporter.write_line(reference.comparison()[1])

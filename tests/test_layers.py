@@ -1,164 +1,229 @@
-"""Every reference layer's backward against central finite differences, in float64, every element
-(minialign/layers.py; the fast path is checked against these in tests/test_fast_layers.py)."""
+"""The reference layers (minialign/layers.py) and the encoder written in them (model.py): every
+backward against central differences in float64 on ragged batches (one-token and empty
+captions, causal and not); forwards against values by hand or a loop written here, on inputs
+where the usual slips (unbiased LayerNorm variance, a global max in the softmax, a causal mask
+off by one) give other numbers; float32 in, float32 out."""
+import math
+
 import numpy as np
 import pytest
-from gradcheck import check_layer
+from gradcheck import check_layer, numerical_grad, rel_err
 
-from minialign.layers import (attention_backward, attention_bias, attention_forward,
-                              embedding_backward, embedding_forward, gelu_backward, gelu_forward,
-                              layernorm_backward, layernorm_forward, linear_backward,
-                              linear_forward, lm_head_backward, lm_head_forward, mean_pool_backward,
-                              mean_pool_forward, merge_heads, mha_backward, mha_forward,
-                              pool_backward, pool_forward, split_heads, token_rows)
+from minialign import layers as L
+from minialign.model import ModelConfig, encode, encode_backward, init_params, param_count
+from minialign.tokenizer import PAD
+
+MASK = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], bool)  # 3, 1, 4, 2
+RAGGED = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)  # one empty
 
 
-def test_linear_backward():
+def weights(rng, D, scale=1.0):
+    return dict(w_qkv=scale * rng.standard_normal((D, 3 * D)), b_qkv=rng.standard_normal(3 * D),
+                w_o=rng.standard_normal((D, D)), b_o=rng.standard_normal(D))
+
+
+def test_linear_layernorm_gelu_embedding_lm_head_backward():
     rng = np.random.default_rng(0)
-    inputs = dict(x=rng.standard_normal((2, 3, 4)), w=rng.standard_normal((4, 5)),
-                  b=rng.standard_normal(5))
-    check_layer(linear_forward, linear_backward, inputs, (2, 3, 5), rng)
+    check_layer(L.linear_forward, L.linear_backward, dict(
+        x=rng.standard_normal((2, 3, 4)), w=rng.standard_normal((4, 5)),
+        b=rng.standard_normal(5)), (2, 3, 5), rng)
+    check_layer(L.layernorm_forward, L.layernorm_backward, dict(
+        x=rng.standard_normal((7, 5)) * [1, 3, 0.2, 2, 1] + 4, gamma=rng.standard_normal(5),
+        beta=rng.standard_normal(5)), (7, 5), rng)
+    check_layer(L.gelu_forward, L.gelu_backward, dict(x=3 * rng.standard_normal((3, 7))),
+                (3, 7), rng)
+    check_layer(L.embedding_forward, L.embedding_backward, dict(
+        ids=np.array([1, 2, 1, 5, 1, 0]), weight=rng.standard_normal((6, 4))), (6, 4), rng)
+    check_layer(L.lm_head_forward, L.lm_head_backward, dict(
+        hf=rng.standard_normal((5, 4)), tok_emb=rng.standard_normal((7, 4))), (5, 7), rng)
 
 
-def test_layernorm_backward():
-    rng = np.random.default_rng(1)
-    inputs = dict(x=rng.standard_normal((2, 3, 5)), gamma=rng.standard_normal(5),
-                  beta=rng.standard_normal(5))
-    check_layer(layernorm_forward, layernorm_backward, inputs, (2, 3, 5), rng)
+def test_layernorm_and_gelu_values_by_hand():
+    x = np.array([[1.0, 2.0, 6.0], [-3.0, -3.0, 0.0]])    # means 3, -2; biased variances 14/3, 2
+    gamma, beta = np.array([1.0, 2.0, -1.0]), np.array([0.5, 0.0, 1.0])
+    y, _ = L.layernorm_forward(x, gamma, beta)
+    xhat = np.array([[-2, -1, 3], [-1, -1, 2]]) / np.sqrt([[14 / 3 + 1e-5], [2 + 1e-5]])
+    np.testing.assert_allclose(y, xhat * gamma + beta, rtol=1e-13)
+    # the tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    np.testing.assert_allclose(L.gelu_forward(np.array([1.0, 0.0, -1.0, -3.0]))[0],
+                               [0.8411919906, 0.0, -0.1588080094, -0.0036373920], atol=1e-9)
 
 
-def test_layernorm_forward_values():
-    y, _ = layernorm_forward(np.array([[1.0, 2.0, 3.0]]), np.ones(3), np.zeros(3), eps=0.0)
-    np.testing.assert_allclose(y, [[-np.sqrt(1.5), 0.0, np.sqrt(1.5)]], rtol=1e-12)
-
-
-def test_gelu_backward_and_values():
-    rng = np.random.default_rng(2)
-    check_layer(gelu_forward, gelu_backward, dict(x=2 * rng.standard_normal((3, 7))), (3, 7), rng)
-    # the tanh form at x = 1: 0.5 (1 + tanh(sqrt(2/pi) * 1.044715)) = 0.841192...
-    np.testing.assert_allclose(gelu_forward(np.array([1.0, 0.0, -1.0]))[0],
-                               [0.8411919906, 0.0, -0.1588080094], atol=1e-9)
-
-
-def test_embedding_backward_repeated_ids():
-    rng = np.random.default_rng(3)
-    ids = np.array([1, 2, 1, 5, 1, 0])                    # id 1 read three times
-    check_layer(embedding_forward, embedding_backward,
-                dict(ids=ids, weight=rng.standard_normal((6, 4))), (6, 4), rng)
-
-
-def test_mean_pool_values_and_backward():
-    rng = np.random.default_rng(4)
-    h = rng.standard_normal((6, 2))                       # rows of sequences 0, 0, 1, 1, 1, 1
-    seq = np.array([0, 0, 1, 1, 1, 1])
-    z, cache = mean_pool_forward(h, seq, 3)               # sequence 2 has no real token
-    np.testing.assert_allclose(z[0], h[:2].mean(axis=0))
-    np.testing.assert_allclose(z[1], h[2:].mean(axis=0))
-    np.testing.assert_array_equal(z[2], 0.0)               # pools to 0, not NaN
-    check_layer(mean_pool_forward, mean_pool_backward, dict(h=h, seq=seq, n_seqs=3), (3, 2), rng)
-
-
-def test_split_and_merge_heads():
-    x = np.arange(2 * 3 * 6).reshape(2, 3, 6)             # (B, T, D), H = 2, Dh = 3
-    heads = split_heads(x, 2)
-    assert heads.shape == (2, 2, 3, 3)
-    np.testing.assert_array_equal(heads[1, 1, 2], x[1, 2, 3:6])   # head 1 reads features 3:6
-    np.testing.assert_array_equal(merge_heads(heads), x)
+def test_embedding_and_mean_pool_values():
+    w = np.arange(12.0).reshape(4, 3)
+    y, cache = L.embedding_forward(np.array([3, 0, 3]), w)
+    np.testing.assert_array_equal(y, w[[3, 0, 3]])
+    np.testing.assert_array_equal(L.embedding_backward(np.ones((3, 3)), cache)[3], [2, 2, 2])
+    h = np.arange(10.0).reshape(5, 2)                     # rows of sequences 0, 0, 0, 1, (2 empty)
+    z, _ = L.mean_pool_forward(h, np.array([0, 0, 0, 1, 3]), 4)
+    np.testing.assert_allclose(z, [[2, 3], [6, 7], [0, 0], [8, 9]], rtol=1e-15)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_mha_backward(causal):
-    """The dense reference, with padding and (causal) the future hidden."""
-    rng = np.random.default_rng(7)
-    B, T, D, H = 3, 4, 6, 2
-    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=bool)
-    inputs = dict(x=rng.standard_normal((B, T, D)), w_qkv=rng.standard_normal((D, 3 * D)) / 2,
-                  b_qkv=rng.standard_normal(3 * D), w_o=rng.standard_normal((D, D)) / 2,
-                  b_o=rng.standard_normal(D), bias=attention_bias(mask, causal, np.float64),
-                  n_heads=H)
-    check_layer(mha_forward, mha_backward, inputs, (B, T, D), rng)
+    rng = np.random.default_rng(1)
+    inputs = dict(x=rng.standard_normal((4, 4, 6)), **weights(rng, 6, 0.5),
+                  bias=L.attention_bias(MASK, causal, np.float64), n_heads=2)
+    check_layer(L.mha_forward, L.mha_backward, inputs, (4, 4, 6), rng)
 
 
-def test_mha_reads_only_allowed_keys():
-    """Changing a padded token, or (causal) a later token, leaves earlier outputs unchanged."""
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((1, 4, 4))
-    weights = (rng.standard_normal((4, 12)), rng.standard_normal(12),
-               rng.standard_normal((4, 4)), rng.standard_normal(4))
-    mask = np.array([[1, 1, 1, 0]], dtype=bool)
-    for causal, unchanged in ((False, 3), (True, 2)):
-        x2 = x.copy()
-        x2[:, unchanged:] += 5.0
-        bias = attention_bias(mask, causal, np.float64)
-        y, _ = mha_forward(x, *weights, bias, 2)
-        y2, _ = mha_forward(x2, *weights, bias, 2)
-        np.testing.assert_allclose(y2[:, :unchanged], y[:, :unchanged], rtol=1e-12)
-        assert not np.allclose(y2[:, unchanged:], y[:, unchanged:])
-
-
-def test_layers_keep_float32():
-    rng = np.random.default_rng(8)
-    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
-    g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
-    assert layernorm_forward(x, g, b)[0].dtype == np.float32
-    y, cache = gelu_forward(x)
-    assert y.dtype == np.float32 and gelu_backward(x, cache).dtype == np.float32
-    w_qkv, w_o = np.ones((4, 12), np.float32), np.ones((4, 4), np.float32)
-    bias = attention_bias(np.ones((2, 3), bool), True, np.float32)
-    y, cache = mha_forward(x, w_qkv, np.zeros(12, np.float32), w_o, b, bias, 2)
-    assert y.dtype == np.float32
-    assert all(d.dtype == np.float32 for d in mha_backward(x, cache))
-
-
-# ---------------------------------------------------------------- the rows encode runs on
-RAGGED = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=bool)  # (B, T)
-
-
-def test_token_rows_by_hand():
-    rows = token_rows(RAGGED, causal=True, dtype=np.float64)
-    assert rows.flat.tolist() == [0, 1, 2, 4, 12, 13, 14, 15]            # b * 4 + t, batch order
-    assert rows.seq.tolist() == [0, 0, 0, 1, 3, 3, 3, 3]
-    assert rows.pos.tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
-    assert rows.caption_rows.tolist() == list(range(8))
-    assert rows.bias.shape == (4, 1, 4, 4)
-    assert np.isfinite(rows.bias).any(axis=-1).all()             # every query reads a key, even
-    assert np.isfinite(rows.bias[2, 0, -1]).all()                # the empty caption's padding
+def loop_attention(x, w_qkv, b_qkv, w_o, b_o, mask, causal, H):
+    """Self-attention one query at a time, over the keys it may read."""
+    B, T, D = x.shape
+    Dh, out = D // H, np.zeros_like(x)
+    for b in range(B):
+        qkv = x[b] @ w_qkv + b_qkv
+        for t in np.flatnonzero(mask[b]):
+            keys = [s for s in np.flatnonzero(mask[b]) if not causal or s <= t]
+            heads = []
+            for h in range(H):
+                q, k, v = (qkv[:, j * D + h * Dh:j * D + (h + 1) * Dh] for j in range(3))
+                scores = np.array([q[t] @ k[s] for s in keys]) / math.sqrt(Dh)
+                p = np.exp(scores - scores.max())
+                heads.append((p / p.sum()) @ v[keys])
+            out[b, t] = np.concatenate(heads) @ w_o + b_o
+    return out
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_on_rows_backward(causal):
-    """The padded dense attention (attention_forward: rows -> (B, T, D) grid -> rows), every
-    element of every gradient, on ragged captions and one empty caption."""
-    rng = np.random.default_rng(7)
-    D, n = 4, int(RAGGED.sum())
-    inputs = dict(x=rng.standard_normal((n, D)), w_qkv=rng.standard_normal((D, 3 * D)),
-                  b_qkv=rng.standard_normal(3 * D), w_o=rng.standard_normal((D, D)),
-                  b_o=rng.standard_normal(D), rows=token_rows(RAGGED, causal, np.float64),
-                  n_heads=2)
-    check_layer(attention_forward, attention_backward, inputs, (n, D), rng)
+def test_mha_values_against_a_loop_with_scores_far_apart(causal):
+    """Caption 2's scores are in the thousands, the others' near 0: a softmax shifted by the
+    batch's max instead of each row's underflows them all to 0 / 0."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 4, 6)) * np.array([1, 0.5, 30, 1])[:, None, None]
+    w = weights(rng, 6)
+    y, _ = L.mha_forward(x, *w.values(), L.attention_bias(MASK, causal, np.float64), 2)
+    np.testing.assert_allclose(y[MASK], loop_attention(x, *w.values(), MASK, causal, 2)[MASK],
+                               rtol=1e-11, atol=1e-11)
 
 
-def test_attention_on_rows_equals_mha_on_the_grid():
-    rng = np.random.default_rng(8)
-    D, mask = 4, RAGGED[[0, 1, 3]]                                        # no empty caption
-    x = rng.standard_normal((*mask.shape, D))
-    w = [rng.standard_normal(s) for s in ((D, 3 * D), (3 * D,), (D, D), (D,))]
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_and_pool_on_rows_backward(causal):
+    """attention_forward (rows -> (B, T, D) grid -> rows) and pool_forward on ragged captions
+    with a one-token and an empty caption, every element of every gradient."""
+    rng = np.random.default_rng(3)
+    rows = L.token_rows(RAGGED, causal, np.float64)
+    n = int(RAGGED.sum())
+    check_layer(L.attention_forward, L.attention_backward, dict(
+        x=rng.standard_normal((n, 4)), **weights(rng, 4), rows=rows, n_heads=2), (n, 4), rng)
+    check_layer(L.pool_forward, L.pool_backward, dict(h=rng.standard_normal((n, 3)), rows=rows),
+                (4, 3), rng)
+
+
+def test_token_rows_by_hand_and_attention_on_rows_is_the_grid():
+    rows = L.token_rows(RAGGED, causal=True, dtype=np.float64)
+    assert rows.flat.tolist() == [0, 1, 2, 4, 12, 13, 14, 15]            # b * 4 + t, batch order
+    assert rows.seq.tolist() == [0, 0, 0, 1, 3, 3, 3, 3]
+    assert rows.pos.tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert rows.bias.shape == (4, 1, 4, 4) and np.isfinite(rows.bias).any(axis=-1).all()
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((4, 4, 4)), weights(rng, 4)
     for causal in (False, True):
-        dense, _ = mha_forward(x, *w, attention_bias(mask, causal, np.float64), 2)
-        rows, _ = attention_forward(x[mask], *w, token_rows(mask, causal, np.float64), 2)
-        np.testing.assert_allclose(rows, dense[mask], rtol=1e-12, atol=1e-12)
+        grid, _ = L.mha_forward(x, *w.values(), L.attention_bias(MASK, causal, np.float64), 2)
+        y, _ = L.attention_forward(x[MASK], *w.values(), L.token_rows(MASK, causal, np.float64), 2)
+        np.testing.assert_allclose(y, grid[MASK], rtol=1e-12, atol=1e-12)
 
 
-def test_pool_on_rows_backward():
-    rng = np.random.default_rng(9)
-    rows = token_rows(RAGGED, causal=False, dtype=np.float64)
-    h = rng.standard_normal((len(rows.seq), 3))
-    check_layer(pool_forward, pool_backward, dict(h=h, rows=rows), (4, 3), rng)
-    z, _ = pool_forward(h, rows)
-    np.testing.assert_allclose(z[0], h[:3].mean(axis=0), rtol=1e-12)
-    assert not z[2].any()                                                 # empty caption: 0
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_layer_keeps_the_dtype_and_writes_into_no_input(dtype):
+    rng = np.random.default_rng(5)
+    f = lambda *shape: rng.standard_normal(shape).astype(dtype)
+    rows = L.token_rows(MASK, True, dtype)
+    n = int(MASK.sum())
+    calls = [(L.linear_forward, L.linear_backward, (f(n, 4), f(4, 3), f(3)), (n, 3)),
+             (L.layernorm_forward, L.layernorm_backward, (f(n, 4), f(4), f(4)), (n, 4)),
+             (L.gelu_forward, L.gelu_backward, (f(n, 4),), (n, 4)),
+             (L.embedding_forward, L.embedding_backward, (np.array([1, 1, 0]), f(3, 4)), (3, 4)),
+             (L.attention_forward, L.attention_backward,
+              (f(n, 4), *weights(rng, 4).values(), rows, 2), (n, 4)),
+             (L.pool_forward, L.pool_backward, (f(n, 4), rows), (4, 4)),
+             (L.lm_head_forward, L.lm_head_backward, (f(n, 4), f(7, 4)), (n, 7))]
+    for forward, backward, args, dy_shape in calls:
+        args = tuple(a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
+                     for a in args)
+        saved = [a.copy() for a in args if isinstance(a, np.ndarray)]
+        y, cache = forward(*args)
+        dy = f(*dy_shape)
+        dy_saved = dy.copy()
+        grads = backward(dy, cache)
+        for out in (y, *(grads if isinstance(grads, tuple) else (grads,))):
+            assert out.dtype == dtype, (forward.__name__, out.dtype)
+        assert np.array_equal(dy, dy_saved), backward.__name__
+        assert all(np.array_equal(a, s) for a, s in
+                   zip([a for a in args if isinstance(a, np.ndarray)], saved)), forward.__name__
 
 
-def test_lm_head_backward():
-    rng = np.random.default_rng(10)
-    inputs = dict(hf=rng.standard_normal((5, 4)), tok_emb=rng.standard_normal((7, 4)))
-    check_layer(lm_head_forward, lm_head_backward, inputs, (5, 7), rng)
+# ---------------------------------------------------------------- the encoder (model.py)
+ONE_BLOCK = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=1, n_heads=2, mlp_ratio=2,
+                        layers="reference", dtype="float64")
+LENGTHS = (6, 2, 8, 1, 4)               # ragged; a 2-token (BOS, EOS) and a 1-token caption
+
+
+def ragged_tokens(rng, lengths=LENGTHS, T=8):
+    tokens = rng.integers(1, 20, size=(len(lengths), T)).astype(np.int32)   # specials too
+    tokens[np.arange(T) >= np.array(lengths)[:, None]] = PAD
+    return tokens
+
+
+def float64_params(cfg, rng):
+    """float64 weights with gains, shifts and biases moved off 1 / 0."""
+    return {k: p + 0.1 * rng.standard_normal(p.shape) for k, p in init_params(cfg, rng).items()}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_dhf", [False, True])
+def test_encode_backward_against_finite_differences(causal, with_dhf):
+    """Every parameter's gradient of sum(z * dz) (+ sum(hf * dhf), as the next-token head adds)."""
+    rng = np.random.default_rng(6)
+    params, tokens = float64_params(ONE_BLOCK, rng), ragged_tokens(rng)
+    dz = rng.standard_normal((len(LENGTHS), 8))
+    dhf = rng.standard_normal((sum(LENGTHS), 8)) if with_dhf else None
+
+    def loss():
+        z, hf, _ = encode(params, tokens, ONE_BLOCK, causal)
+        return np.sum(z * dz) + (np.sum(hf * dhf) if with_dhf else 0.0)
+
+    grads = encode_backward(dz, dhf, encode(params, tokens, ONE_BLOCK, causal)[2])
+    assert sorted(grads) == sorted(params)
+    for k in sorted(params):
+        err = rel_err(grads[k], numerical_grad(loss, params[k]))
+        assert err < 1e-7, f"d{k}: relative error {err:.1e}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_caption_is_encoded_alone_whatever_its_batch_and_padding(causal):
+    rng = np.random.default_rng(7)
+    params, tokens = float64_params(ONE_BLOCK, rng), ragged_tokens(rng)
+    z, hf, _ = encode(params, tokens, ONE_BLOCK, causal)
+    for b, length in enumerate(LENGTHS):
+        z_alone, hf_alone, _ = encode(params, tokens[b:b + 1, :length], ONE_BLOCK, causal)
+        np.testing.assert_allclose(z_alone[0], z[b], rtol=1e-10, atol=1e-12)
+        start = sum(LENGTHS[:b])
+        np.testing.assert_allclose(hf_alone, hf[start:start + length], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(z[b], hf[start:start + length].mean(axis=0), rtol=1e-12)
+    # causal: the state at position t is that of the caption cut after t
+    for t in range(LENGTHS[0]):
+        _, hf_cut, _ = encode(params, tokens[:1, :t + 1], ONE_BLOCK, causal)
+        assert np.allclose(hf_cut[t], hf[t], rtol=1e-10, atol=1e-12) == (causal or t == 5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_encode_keeps_the_configs_dtype(dtype):
+    cfg = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=2, n_heads=2,
+                      layers="reference", dtype=dtype)
+    params = init_params(cfg, np.random.default_rng(0))
+    z, hf, cache = encode(params, ragged_tokens(np.random.default_rng(1)), cfg, causal=True)
+    grads = encode_backward(np.ones_like(z), np.ones_like(hf), cache)
+    assert {a.dtype for a in (z, hf, *params.values(), *grads.values())} == {np.dtype(dtype)}
+    wide = init_params(ModelConfig(**{**cfg.__dict__, "dtype": "float64"}),
+                       np.random.default_rng(0))
+    assert all(np.array_equal(wide[k].astype(dtype), params[k]) for k in params)  # same draws
+
+
+def test_default_encoder_size():
+    """4 blocks of width 256: 3.16M parameters; the rest is V x D, T x D and the final LN."""
+    params = init_params(ModelConfig(vocab_size=5814), np.random.default_rng(0))
+    block = 256 * 768 + 768 + 256 * 256 + 256 + 256 * 1024 + 1024 + 1024 * 256 + 256 + 4 * 256
+    assert param_count(params) == 5814 * 256 + 64 * 256 + 4 * block + 2 * 256
+    assert param_count(init_params(ModelConfig(vocab_size=30522, layers="reference"),
+                                   np.random.default_rng(0))) == 10_989_568   # WordPiece
