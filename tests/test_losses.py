@@ -1,178 +1,108 @@
-"""VICReg, SIGReg and cross-entropy: values computed by hand or independently, gradients by
-central differences."""
+"""VICReg and cross-entropy (minialign/losses.py): values by hand and against numpy's own var and
+cov, on inputs that separate the formula from its neighbours (non-zero means, unequal norms,
+D >= 3, N = 3 so N and N - 1 differ, dimensions on both sides of the hinge, logits far apart
+within and across rows); gradients by central differences in float64; dtype kept."""
 import math
 
 import numpy as np
 import pytest
 from gradcheck import numerical_grad, rel_err
 
-from minialign.losses import (SIGREG_POINTS, SIGREG_T_MAX, cross_entropy, sigreg, sigreg_directions,
-                              sigreg_loss, vicreg_loss)
+from minialign.losses import cross_entropy, vicreg_loss
+
+EPS = 1e-4
 
 
-def test_vicreg_hand_computed():
-    z_a = np.array([[1.0, 0.0], [-1.0, 0.0]])
-    z_b = np.array([[1.0, 1.0], [-1.0, -1.0]])
+def test_vicreg_by_hand():
+    """z_a's columns: deviations from the means (1, 0.5, 1.5) are (-1, 1, 0) / 2 and twice
+    (-1, -1, 2) / 2: unbiased variances 0.25, 0.75, 0.75; covariances C_01 = C_02 = 0,
+    C_12 = 0.75. z_b = z_a + (1, 0, 0) on the first row only."""
+    z_a = np.array([[0.5, 0.0, 1.0], [1.5, 0.0, 1.0], [1.0, 1.5, 2.5]])
+    z_b = z_a + np.array([[1.0, 0, 0], [0, 0, 0], [0, 0, 0]])
     loss, _, stats = vicreg_loss(z_a, z_b)
-    # inv: diff = [[0, -1], [0, 1]] -> 2 / (N D = 4) = 0.5
-    assert stats["inv"] == pytest.approx(0.5, abs=1e-12)
-    # var: z_a dim 1 is constant, std = sqrt(0 + 1e-4) = 0.01 -> hinge 0.99, mean over D -> 0.495;
-    # every other dim has unbiased variance 2 > 1 -> 0. Averaged over branches: 0.2475
-    assert stats["var"] == pytest.approx(0.2475, abs=1e-12)
-    # cov: C_a = [[2, 0], [0, 0]] -> 0; C_b = [[2, 2], [2, 2]] -> (2^2 + 2^2) / D = 4
-    assert stats["cov"] == pytest.approx(4.0, abs=1e-12)
-    assert loss == pytest.approx(25 * 0.5 + 25 * 0.2475 + 4.0, abs=1e-12)
+    assert stats["inv"] == pytest.approx(1 / 9, rel=1e-13)            # one 1^2 over N D = 9
+    var_a = np.mean([1 - math.sqrt(0.25 + EPS), 1 - math.sqrt(0.75 + EPS),
+                     1 - math.sqrt(0.75 + EPS)])
+    # z_b's first column: 1.5, 1.5, 1.0 -> unbiased variance 1/12; the others as z_a's
+    var_b = np.mean([1 - math.sqrt(1 / 12 + EPS), 1 - math.sqrt(0.75 + EPS),
+                     1 - math.sqrt(0.75 + EPS)])
+    assert stats["var"] == pytest.approx((var_a + var_b) / 2, rel=1e-13)
+    # z_b's first column deviates by (1, 1, -2) / 6: C_01 = C_02 = -0.25; C_12 = 0.75 again
+    assert stats["cov"] == pytest.approx(2 * 0.75**2 / 3 + 2 * (2 * 0.25**2 + 0.75**2) / 3,
+                                         rel=1e-13)
+    assert loss == pytest.approx(25 / 9 + 25 * stats["var"] + stats["cov"], rel=1e-13)
 
 
-def test_vicreg_gradients():
+def independent_vicreg(z_a, z_b, sim, var, cov):
+    """VICReg written with numpy's var (ddof=1) and cov: what losses.py must agree with."""
+    def v(z):
+        return np.mean(np.maximum(0, 1 - np.sqrt(z.var(axis=0, ddof=1) + EPS)))
+
+    def c(z):
+        C = np.cov(z, rowvar=False)
+        return (np.sum(C**2) - np.sum(np.diag(C) ** 2)) / z.shape[1]
+    return sim * np.mean((z_a - z_b) ** 2) + var * (v(z_a) + v(z_b)) / 2 + cov * (c(z_a) + c(z_b))
+
+
+def unequal_pair(rng, N=5, D=4):
+    """Dimensions below and above the std target, non-zero means, rows of unequal norms."""
+    scale, mean = np.array([0.3, 2.0, 0.8, 1.5, 0.5])[:D], np.array([1.0, -2, 0.5, 3, 0])[:D]
+    z_a = rng.standard_normal((N, D)) * scale + mean
+    return z_a, z_a + 0.5 * rng.standard_normal((N, D))
+
+
+@pytest.mark.parametrize("weights", [(25.0, 25.0, 1.0), (0.0, 25.0, 1.0), (1.0, 0.0, 0.0),
+                                     (0.0, 0.0, 1.0), (0.0, 1.0, 0.0)])
+def test_vicreg_values_and_gradients(weights):
     rng = np.random.default_rng(0)
-    scale = np.array([0.3, 2.0, 0.8, 1.5])               # some dims below the std target, some above
-    z_a = rng.standard_normal((6, 4)) * scale
-    z_b = z_a + 0.5 * rng.standard_normal((6, 4))
-    for weights in [(25.0, 25.0, 1.0), (0.0, 25.0, 1.0), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0)]:
-        loss = lambda: vicreg_loss(z_a, z_b, *weights)[0]
-        _, (dz_a, dz_b), _ = vicreg_loss(z_a, z_b, *weights)
+    for N, D in ((3, 3), (5, 4), (2, 5)):
+        z_a, z_b = unequal_pair(rng, N, D)
+        loss, (dz_a, dz_b), _ = vicreg_loss(z_a, z_b, *weights)
+        assert loss == pytest.approx(independent_vicreg(z_a, z_b, *weights), rel=1e-12, abs=1e-14)
+        f = lambda: vicreg_loss(z_a, z_b, *weights)[0]
         for name, analytic, wrt in [("z_a", dz_a, z_a), ("z_b", dz_b, z_b)]:
-            err = rel_err(analytic, numerical_grad(loss, wrt))
-            assert err < 1e-7, f"d{name} with weights {weights}: relative error {err:.1e}"
+            err = rel_err(analytic, numerical_grad(f, wrt))
+            assert err < 1e-7, f"d{name}, N={N}, weights {weights}: relative error {err:.1e}"
 
 
-def test_vicreg_rejects_one_pair():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vicreg_keeps_the_dtype_and_its_inputs(dtype):
+    z_a, z_b = (z.astype(dtype) for z in unequal_pair(np.random.default_rng(1)))
+    saved = z_a.copy(), z_b.copy()
+    loss, (dz_a, dz_b), stats = vicreg_loss(z_a, z_b)
+    assert dz_a.dtype == dz_b.dtype == dtype and isinstance(loss, float)
+    assert np.array_equal(z_a, saved[0]) and np.array_equal(z_b, saved[1])
+    assert set(stats) == {"loss", "inv", "var", "cov"}
     with pytest.raises(ValueError, match="at least 2"):
-        vicreg_loss(np.ones((1, 3)), np.ones((1, 3)))
+        vicreg_loss(z_a[:1], z_b[:1])
 
 
-def test_cross_entropy_hand_computed():
-    logits = np.array([[0.0, 0.0, np.log(2.0)], [1.0, 1.0, 1.0]])
-    targets = np.array([2, 0])
+def test_cross_entropy_by_hand_with_logits_far_apart():
+    """Row 0: softmax (1/4, 1/4, 1/2). Row 1: 1000 apart (exp overflows unshifted). Row 2:
+    near -1000, 2000 below row 1 (shifted by the batch's max it underflows to log 0)."""
+    logits = np.array([[0.0, 0.0, math.log(2)], [1000.0, 0.0, -1000.0],
+                       [-1000.0, -1001.0, -1002.0]])
+    targets = np.array([2, 1, 0])
     loss, dlogits, stats = cross_entropy(logits, targets)
-    # row 0: softmax [1/4, 1/4, 1/2], -log(1/2); row 1: uniform over 3, -log(1/3)
-    assert loss == pytest.approx((np.log(2) + np.log(3)) / 2, abs=1e-12)
-    assert stats["ce"] == loss
-    np.testing.assert_allclose(dlogits, [[0.125, 0.125, -0.25], [-1 / 3, 1 / 6, 1 / 6]], atol=1e-12)
+    row2 = math.log(1 + math.exp(-1) + math.exp(-2))
+    assert loss == pytest.approx((math.log(2) + 1000.0 + row2) / 3, rel=1e-13)
+    assert stats == {"ce": loss, "targets": 3}
+    p2 = np.array([1, math.exp(-1), math.exp(-2)]) / (1 + math.exp(-1) + math.exp(-2))
+    expected = np.array([[0.25, 0.25, -0.5], [1.0, -1.0, 0.0], p2 - [1, 0, 0]]) / 3
+    np.testing.assert_allclose(dlogits, expected, rtol=1e-12, atol=1e-300)
+    with pytest.raises(ValueError, match="zero targets"):
+        cross_entropy(np.zeros((0, 3)), np.zeros(0, int))
 
 
-def test_cross_entropy_gradient_and_no_overflow():
-    rng = np.random.default_rng(1)
-    logits, targets = 3 * rng.standard_normal((5, 7)), rng.integers(0, 7, size=5)
-    loss = lambda: cross_entropy(logits, targets)[0]
-    err = rel_err(cross_entropy(logits, targets)[1], numerical_grad(loss, logits))
-    assert err < 1e-7, f"dlogits: relative error {err:.1e}"
-    big = np.array([[1000.0, 0.0]], dtype=np.float32)      # exp(1000) overflows without the shift
-    assert cross_entropy(big, np.array([1]))[0] == pytest.approx(1000.0)
-
-
-# ------------------------------------------------------------------ SIGReg (LeJEPA)
-
-def test_sigreg_directions_are_unit_columns_from_the_given_rng():
-    A = sigreg_directions(5, 7, np.random.default_rng(0), np.float32)
-    assert A.shape == (5, 7) and A.dtype == np.float32
-    np.testing.assert_allclose(np.linalg.norm(A.astype(np.float64), axis=0), 1.0, atol=1e-6)
-    raw = np.random.default_rng(0).standard_normal((5, 7))              # the one draw it makes
-    np.testing.assert_allclose(A, raw / np.linalg.norm(raw, axis=0), rtol=1e-6)
-
-
-TRAPEZOID = getattr(np, "trapezoid", None) or np.trapz   # numpy 2.0 renamed trapz (1.x has no
-#                                                          trapezoid; 2.x deprecates trapz)
-
-
-def epps_pulley_direct(x, t_max, n_points):
-    """N * integral over [-t_max, t_max] of |ECF - exp(-t^2/2)|^2 exp(-t^2/2), written apart
-    from losses.sigreg: complex exponentials, the full symmetric grid (2 n_points - 1 knots,
-    the same spacing) and numpy's own trapezoid rule. x: (N,) one projection."""
-    t = np.linspace(-t_max, t_max, 2 * n_points - 1)
-    ecf = np.exp(1j * np.outer(x, t)).mean(axis=0)                      # (knots,) complex
-    integrand = np.abs(ecf - np.exp(-t**2 / 2)) ** 2 * np.exp(-t**2 / 2)
-    return len(x) * TRAPEZOID(integrand, t)
-
-
-def test_sigreg_value_against_a_direct_complex_sum():
-    z = np.array([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5], [-2.0, 1.0, 0.3], [0.1, 0.2, 0.7],
-                  [3.0, -0.4, 0.0]])
-    A = np.array([[1.0, 0.6], [0.0, 0.8], [0.0, 0.0]])                  # two unit columns
-    for t_max, n_points in [(SIGREG_T_MAX, SIGREG_POINTS), (5.0, 9), (1.0, 2)]:
-        value, _, ep = sigreg(z, A, t_max, n_points)
-        direct = [epps_pulley_direct(z @ A[:, m], t_max, n_points) for m in range(2)]
-        np.testing.assert_allclose(ep, direct, rtol=1e-12)
-        assert value == pytest.approx(np.mean(direct), rel=1e-12)
-
-
-def test_sigreg_of_a_single_point_at_zero_by_hand():
-    # x = 0: ECF = 1, so EP = N * sum_k w_k (1 - phi_k)^2; with 2 knots on [0, 1]: t = 0 adds 0,
-    # t = 1 has weight dt = 1 (an end) times phi(1) = e^-1/2: EP = e^-1/2 (1 - e^-1/2)^2
-    value, dz, _ = sigreg(np.zeros((1, 2)), np.array([[1.0], [0.0]]), 1.0, 2)
-    assert value == pytest.approx(math.exp(-0.5) * (1 - math.exp(-0.5)) ** 2, rel=1e-14)
-    np.testing.assert_array_equal(dz, 0.0)                              # symmetric: a minimum
-
-
-def test_sigreg_gradients():
-    rng = np.random.default_rng(3)
-    z = rng.standard_normal((6, 4)) * np.array([0.3, 2.0, 0.8, 1.5]) + 0.4
-    A = sigreg_directions(4, 5, rng)
-    for t_max, n_points in [(SIGREG_T_MAX, SIGREG_POINTS), (5.0, 9), (1.0, 2)]:
-        loss = lambda: sigreg(z, A, t_max, n_points)[0]
-        err = rel_err(sigreg(z, A, t_max, n_points)[1], numerical_grad(loss, z))
-        assert err < 1e-7, f"dz with t_max {t_max}, {n_points} knots: relative error {err:.1e}"
-
-
-def test_sigreg_loss_gradients_and_parts():
-    rng = np.random.default_rng(4)
-    z_a = rng.standard_normal((6, 4)) * 0.7
-    z_b = z_a + 0.5 * rng.standard_normal((6, 4))
-    A = sigreg_directions(4, 3, rng)
-    for weights in [(25.0, 5.0), (0.0, 2.0), (1.0, 0.0)]:
-        loss = lambda: sigreg_loss(z_a, z_b, A, *weights)[0]
-        value, (dz_a, dz_b), stats = sigreg_loss(z_a, z_b, A, *weights)
-        assert stats["inv"] == pytest.approx(((z_a - z_b) ** 2).mean(), rel=1e-14)
-        assert stats["sigreg"] == pytest.approx((sigreg(z_a, A)[0] + sigreg(z_b, A)[0]) / 2)
-        assert value == pytest.approx(weights[0] * stats["inv"] + weights[1] * stats["sigreg"])
-        for name, analytic, wrt in [("z_a", dz_a, z_a), ("z_b", dz_b, z_b)]:
-            err = rel_err(analytic, numerical_grad(loss, wrt))
-            assert err < 1e-7, f"d{name} with weights {weights}: relative error {err:.1e}"
-
-
-def test_sigreg_keeps_float32():
-    z = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32)
-    A = sigreg_directions(4, 3, np.random.default_rng(6), np.float32)
-    _, dz, ep = sigreg(z, A)
-    assert dz.dtype == np.float32 and ep.dtype == np.float32
-
-
-def test_sigreg_scores_gaussian_batches_at_its_expectation_and_collapse_far_above():
-    # For x_1..x_N i.i.d. N(0, 1): E ECF(t) = phi(t) and Var ECF(t) = (1 - phi(t)^2) / N, so
-    # E |ECF - phi|^2 = (1 - e^{-t^2}) / N and E EP = sum_k w_k (1 - e^{-t_k^2}), whatever N
-    # (the quadrature is linear). A unit direction of N(0, I_D) rows is N(0, 1): the same.
-    t = np.linspace(0, SIGREG_T_MAX, SIGREG_POINTS)
-    dt = t[1]
-    quad = np.where((t == 0) | (t == t[-1]), dt, 2 * dt)
-    expected = np.sum(quad * np.exp(-t**2 / 2) * (1 - np.exp(-t**2)))
-    # the exact integral over [-3, 3]: sqrt(2 pi) erf(3 / sqrt 2) - sqrt(2 pi / 3) erf(3 sqrt 1.5)
-    exact = (math.sqrt(2 * math.pi) * math.erf(3 / math.sqrt(2))
-             - math.sqrt(2 * math.pi / 3) * math.erf(3 * math.sqrt(1.5)))
-    assert expected == pytest.approx(exact, abs=1e-3) and expected == pytest.approx(1.0525, abs=1e-4)
-    rng = np.random.default_rng(7)
-    N, D, M, batches = 64, 8, 16, 400
-    values = [sigreg(rng.standard_normal((N, D)), sigreg_directions(D, M, rng))[0]
-              for _ in range(batches)]
-    mean, stderr = np.mean(values), np.std(values) / math.sqrt(batches)
-    assert stderr < 0.03 and abs(mean - expected) < 4 * stderr, (mean, stderr, expected)
-    # collapsed: every row the same point -> ECF = e^{itc}, EP grows like N
-    point = np.tile(rng.standard_normal(D), (N, 1))                     # (N, D)
-    assert sigreg(point, sigreg_directions(D, M, rng))[0] > 20 * expected
-    # dimensional collapse: rows of N(0, I) squeezed to std 0.1 (VICReg's variance would fire)
-    squeezed = 0.1 * rng.standard_normal((N, D))
-    assert sigreg(squeezed, sigreg_directions(D, M, rng))[0] > 10 * expected
-
-
-def test_sigreg_refuses_bad_shapes_and_quadrature():
-    z, A = np.ones((3, 2)), np.array([[1.0], [0.0]])
-    with pytest.raises(ValueError, match="directions"):
-        sigreg(z, np.ones((3, 1)))
-    with pytest.raises(ValueError, match="directions are float32, z is float64"):
-        sigreg(z, A.astype(np.float32))
-    with pytest.raises(ValueError, match="N >= 1"):
-        sigreg(np.ones((0, 2)), A)
-    with pytest.raises(ValueError, match="n_points >= 2 and t_max > 0, got 1 and 3.0"):
-        sigreg(z, A, 3.0, 1)
-    with pytest.raises(ValueError, match="got 17 and 0.0"):
-        sigreg(z, A, 0.0, 17)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_gradient_dtype_and_input(dtype):
+    rng = np.random.default_rng(2)
+    logits = (3 * rng.standard_normal((5, 7)) + [[0], [5], [-4], [0], [9]]).astype(dtype)
+    targets = np.array([0, 6, 3, 3, 1])
+    saved = logits.copy()
+    loss, dlogits, _ = cross_entropy(logits, targets)
+    assert dlogits.dtype == dtype and isinstance(loss, float) and np.array_equal(logits, saved)
+    np.testing.assert_allclose(dlogits.sum(axis=1), 0, atol=1e-6)     # softmax - onehot
+    if dtype == np.float64:
+        f = lambda: cross_entropy(logits, targets)[0]
+        assert rel_err(dlogits, numerical_grad(f, logits)) < 1e-7
