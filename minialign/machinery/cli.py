@@ -96,7 +96,63 @@ def cmd_train(p):
     return run
 
 
-COMMANDS = {"train": ("train a text encoder with one objective", cmd_train)}
+def cmd_data(p):
+    from . import coco
+    p.add_argument("--root", default="coco", help="folder for everything COCO")
+    p.add_argument("--num-photos", type=at_least(1), default=10000, help="photos in the subset")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the subset")
+    p.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
+                   help="download the subset's photos too (needed once by `make embeddings`)")
+    p.add_argument("--workers", type=at_least(1), default=8, help="parallel photo downloads")
+    p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL,
+                   help=f"checked by sha256 {coco.ANNOTATIONS_SHA256}")
+    p.add_argument("--images-url", default=coco.IMAGES_URL, help="photos: this + their path")
+    p.add_argument("--vocab-url", default=coco.VOCAB_URL,
+                   help=f"BERT's uncased vocabulary, checked by sha256 {coco.VOCAB_SHA256}")
+    p.add_argument("--allow-http", action="store_true", help="accept plain http:// URLs")
+    p.add_argument("--force", action="store_true", help="write the subset file again")
+    return lambda a: coco.run_data(a.root, a.num_photos, a.seed, a.images, a.workers,
+                                   a.annotations_url, a.images_url, a.vocab_url, a.allow_http,
+                                   a.force)
+
+
+def cmd_export(p):
+    from . import export
+    p.add_argument("--captions", required=True, help="the photos' COCO captions JSON")
+    p.add_argument("--images", required=True, help="the folder of their images")
+    p.add_argument("--out", required=True, help="the embeddings .npz to write")
+    p.add_argument("--model", default=export.DEFAULT_MODEL, help="Hugging Face name or folder")
+    p.add_argument("--revision", default=export.DEFAULT_REVISION, help="the pinned commit")
+    p.add_argument("--batch-size", type=at_least(1), default=32)
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, mps")
+    p.add_argument("--num-photos", type=at_least(1), default=None, help="a seeded subset")
+    p.add_argument("--seed", type=at_least(0), default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    return lambda a: export.run_export(a.captions, a.images, a.out, a.model, a.revision,
+                                       a.batch_size, a.device, a.num_photos, a.seed, a.force)
+
+
+def cmd_synthetic(p):
+    from . import synthetic
+    p.add_argument("--out", required=True, help="folder for the world's two files")
+    p.add_argument("--n-scenes", type=at_least(1), default=2000, help="photos (scenes)")
+    p.add_argument("--seed", type=at_least(0), default=0)
+    p.add_argument("--force", action="store_true", help="overwrite the world's files")
+
+    def run(a):
+        for path in synthetic.write_world(a.out, a.n_scenes, a.seed, a.force):
+            print(f"wrote {path} (SYNTHETIC minialign world, not COCO)")
+    return run
+
+
+COMMANDS = {
+    "data": ("one-time: COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos",
+             cmd_data),
+    "export": ("one-time: photos -> frozen DINOv2 embeddings (needs the [export] extra)",
+               cmd_export),
+    "synthetic": ("a SYNTHETIC world: COCO-format captions + image embeddings", cmd_synthetic),
+    "train": ("train a text encoder with one objective", cmd_train),
+}
 
 
 def parser():
