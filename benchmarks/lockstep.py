@@ -1,28 +1,26 @@
 """Two runs of one config side by side, from the same weights and the same batches, differing
-only in how they round (layer set, arithmetic, ln_f.beta's update): how far their weights
-drift apart, step by step. Not part of the package; the measurement behind
-docs/protocol.md's "Results that do not depend on rounding":
+only in how they round (layer set, arithmetic): how far their weights drift apart, step by step.
 
     python benchmarks/lockstep.py --captions results/synthetic/world-v2/captions_synthetic.json \\
-        --a fast:float32 --b reference:float32 --unseen-params freeze
+        --a fast:float32 --b reference:float32
 
 A run is LAYERS:DTYPE (fast|reference : float32|float64). The other flags default to the
 demo's settings (`make demo`: D = 64, 1 block, 500 steps of 128 photos, lr 3.16e-3, warm-up
 25). Prints, at each step of --at, ||w_a - w_b|| / ||w_b|| over all the weights (in float64)
 and the two runs' losses. Two BLAS kernels cannot share one process: for those, train each
-with `OPENBLAS_CORETYPE=...` in its own command and compare the tables (docs/protocol.md).
+with `OPENBLAS_CORETYPE=...` in its own command and compare their tables.
 """
 import argparse
 import dataclasses
 
 import numpy as np
 
+import minialign.machinery.variants  # noqa: F401  (the named variants, for --objective)
 from minialign.data import sample_batch
-from minialign.machinery.run.monitor import prepare
-from minialign.model import ModelConfig, init_params
-from minialign.objectives import ObjectiveConfig
+from minialign.model import ModelConfig
+from minialign.objectives import OBJECTIVES
 from minialign.optim import adam_init, lr_at
-from minialign.train import TrainConfig, train_step
+from minialign.train import TrainConfig, init_weights, prepare, train_step
 
 
 def run_spec(text):
@@ -36,11 +34,10 @@ def run_spec(text):
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--captions", required=True)
-    p.add_argument("--objective", default="good_views")
+    p.add_argument("--objective", default="good_views", choices=list(OBJECTIVES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--a", type=run_spec, default=("fast", "float32"))
     p.add_argument("--b", type=run_spec, default=("reference", "float32"))
-    p.add_argument("--unseen-params", choices=("train", "freeze"), default="train")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch-photos", type=int, default=128)
     p.add_argument("--warmup-steps", type=int, default=25)
@@ -67,16 +64,15 @@ def main(argv=None):
         objective=args.objective, captions=args.captions, seed=args.seed, steps=args.steps,
         batch_photos=args.batch_photos, warmup_steps=args.warmup_steps, lr=args.lr,
         model=ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                          layers=layers, dtype=dtype),
-        loss=ObjectiveConfig(unseen_params=args.unseen_params)) for layers, dtype in (args.a, args.b)]
+                          layers=layers, dtype=dtype)) for layers, dtype in (args.a, args.b)]
     data = prepare(configs[0])
     configs = [dataclasses.replace(c, model=dataclasses.replace(
         c.model, vocab_size=data["tokenizer"].vocab_size)) for c in configs]
     runs = []
-    for cfg in configs:        # seeded as train.run seeds a run: init, batch and mask streams
-        rng_init, rng_data, rng_mask = (np.random.default_rng(s)
-                                        for s in np.random.SeedSequence(cfg.seed).spawn(3))
-        params = init_params(cfg.model, rng_init)
+    for cfg in configs:        # seeded as train.train seeds a run: init, batch and mask streams
+        rng_init, rng_data, rng_mask = map(np.random.default_rng,
+                                           np.random.SeedSequence(cfg.seed).spawn(3))
+        params = init_weights(cfg, rng_init)
         runs.append((cfg, params, adam_init(params), rng_data, rng_mask))
     at = {int(s) for s in args.at.split(",")} | {args.steps}
     rows = []
