@@ -7,12 +7,6 @@ import dataclasses
 import signal
 import sys
 
-from ..checkpoint import Diverged
-from ..model import ModelConfig
-from ..objectives import ObjectiveConfig
-from ..train import TrainConfig
-from . import variants  # noqa: F401 (registers the named variants as objectives)
-
 DEFAULT_VOCAB = "coco/bert-base-uncased-vocab.txt"   # where `make data` puts BERT's vocabulary
 
 
@@ -35,23 +29,26 @@ def fraction(text):
     return value
 
 
+def config_fields():
+    """{field: its config class} of TrainConfig, ModelConfig and ObjectiveConfig."""
+    from ..train import ModelConfig, ObjectiveConfig, TrainConfig
+    from . import variants  # noqa: F401 (registers the named variants as objectives)
+    return {f.name: cls for cls in (TrainConfig, ModelConfig, ObjectiveConfig)
+            for f in dataclasses.fields(cls) if f.name not in ("model", "loss", "vocab_size")}
+
+
 POSITIVE = {"steps", "batch_photos", "eval_every", "min_count", "vocab_size", "max_len",
             "d_model", "n_layers", "n_heads", "mlp_ratio"}
 CHOICES = {"layers": ("fast", "reference"), "dtype": ("float32", "float64"),
            "tokenizer": ("words", "wordpiece")}
-CONFIG_FIELDS = {f.name: cls for cls in (TrainConfig, ModelConfig, ObjectiveConfig)
-                 for f in dataclasses.fields(cls) if f.name not in ("model", "loss", "vocab_size")}
 
 
 def add_config_flags(p, skip=()):
     """One flag per config field (--d-model, --mask-rate, ...), default the replication's."""
-    defaults = TrainConfig()
-    for name, cls in CONFIG_FIELDS.items():
+    for name, cls in config_fields().items():
         if name in skip:
             continue
-        owner = {TrainConfig: defaults, ModelConfig: defaults.model,
-                 ObjectiveConfig: defaults.loss}[cls]
-        default = getattr(owner, name)
+        default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
         kind = (fraction if name in ("mask_rate", "min_lr_ratio") else
                 at_least(1) if name in POSITIVE else at_least(0) if isinstance(default, int)
                 else at_least(0.0, float) if isinstance(default, float) else str)
@@ -61,23 +58,24 @@ def add_config_flags(p, skip=()):
 
 def config_from_args(args, **fixed):
     """The TrainConfig of the parsed flags."""
-    given = {k: v for k, v in vars(args).items() if k in CONFIG_FIELDS}
+    from ..train import ModelConfig, ObjectiveConfig, TrainConfig
+    fields = config_fields()
+    given = {k: v for k, v in vars(args).items() if k in fields}
     given.update(fixed)
     if given.get("tokenizer") == "wordpiece" and not given.get("vocab"):
         given["vocab"] = DEFAULT_VOCAB
     if given.get("d_model", 256) % given.get("n_heads", 4):
         raise ValueError(f"--d-model {given['d_model']} is not divisible by --n-heads "
                          f"{given['n_heads']}")
-    part = lambda cls: {k: v for k, v in given.items() if CONFIG_FIELDS.get(k) is cls}
-    return TrainConfig(**part(TrainConfig), **{k: v for k, v in fixed.items()
-                                              if k not in CONFIG_FIELDS},
-                       model=ModelConfig(**part(ModelConfig)), loss=ObjectiveConfig(**part(ObjectiveConfig)))
+    part = lambda cls: {k: v for k, v in given.items() if fields.get(k) is cls}
+    return TrainConfig(**part(TrainConfig), model=ModelConfig(**part(ModelConfig)),
+                       loss=ObjectiveConfig(**part(ObjectiveConfig)))
 
 
 # ---------------------------------------------------------------- the commands
 def cmd_train(p):
-    from ..objectives import OBJECTIVES
-    p.add_argument("--objective", choices=sorted(OBJECTIVES), default="good_views")
+    from .variants import OBJECTIVES        # the three, and the named variants
+    p.add_argument("--objective", choices=list(OBJECTIVES), default="good_views")
     p.add_argument("--captions", required=True, help="a COCO captions JSON file")
     p.add_argument("--out", required=True, help="the run directory")
     add_config_flags(p, skip=("objective", "captions"))
@@ -145,6 +143,51 @@ def cmd_synthetic(p):
     return run
 
 
+def cmd_exercises(p):
+    from . import course
+    p.add_argument("out", nargs="?", help="a new or empty folder for the student copy, or with "
+                   "--restore the copy to put solutions back into")
+    p.add_argument("--solved", nargs="+", type=at_least(1), default=(), metavar="N",
+                   help="exercises to leave solved in the copy")
+    p.add_argument("--student", help=f"the student's id, written to OUT/{course.STUDENT_FILE}")
+    p.add_argument("--restore", nargs="*", type=at_least(1), metavar="N",
+                   help="put the solutions of exercises N ... (none given: all) back into OUT")
+    p.add_argument("--list", action="store_true", help="list the exercises, write nothing")
+
+    def run(a):
+        if a.list or a.out is None:
+            for e in course.list_exercises():
+                print(f"{e.number:>2}  {e.title:<32} {e.path}:{e.start + 1}")
+        elif a.restore is not None:
+            for path in course.restore(a.out, a.restore or None):
+                print(f"restored {path}")
+        else:
+            exercises, n_files = course.write_copy(a.out, a.solved, a.student)
+            print(f"wrote {a.out}: {n_files} files, {len(exercises)} exercises "
+                  f"({len(a.solved)} left solved); docs/course.md says what comes next")
+    return run
+
+
+def cmd_grade(p):
+    from . import course
+    p.add_argument("numbers", nargs="*", type=at_least(1), metavar="N", help="default: all")
+    p.add_argument("--copy", help="the copy (default: the one holding the working directory)")
+    p.add_argument("--tests", help="grade against these exercise tests (a teacher's own)")
+    p.add_argument("--timeout", type=at_least(1.0, float), default=course.TIMEOUT,
+                   help="seconds one exercise's tests may run")
+    p.add_argument("--class", dest="folder", help="grade every copy in this folder into one CSV")
+    p.add_argument("--out", help="with --class: the CSV (default: FOLDER/grades.csv)")
+
+    def run(a):
+        if a.folder:
+            rows = course.grade_class(a.folder, a.out, a.numbers or None, a.tests, a.timeout)
+        else:
+            rows = course.grade(a.copy, a.numbers or None, a.tests, a.timeout)
+            print(course.table(rows, a.copy))
+        return int(any(r["status"] != "passed" for r in rows))
+    return run
+
+
 COMMANDS = {
     "data": ("one-time: COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos",
              cmd_data),
@@ -152,17 +195,21 @@ COMMANDS = {
                cmd_export),
     "synthetic": ("a SYNTHETIC world: COCO-format captions + image embeddings", cmd_synthetic),
     "train": ("train a text encoder with one objective", cmd_train),
+    "exercises": ("the course kit: a student copy with every exercise blanked", cmd_exercises),
+    "grade": ("the course kit: each exercise's tests, one row each", cmd_grade),
 }
 
 
-def parser():
+def parser(command=None):
+    """The parser; with `command`, only that command's flags are built (and its modules
+    imported): `grade` in a student copy must not import a student's unfinished file."""
     top = argparse.ArgumentParser(prog="python -m minialign", description=
                                   "Good views vs next-token prediction for text-image alignment.")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    runs = {}
     for name, (help, build) in COMMANDS.items():
-        runs[name] = build(sub.add_parser(name, help=help, description=help))
-    top.set_defaults(runs=runs)
+        p = sub.add_parser(name, help=help, description=help)
+        if command in (None, name):
+            p.set_defaults(run=build(p))
     return top
 
 
@@ -175,11 +222,12 @@ def terminate(signum, frame):
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     signal.signal(signal.SIGTERM, terminate)
     try:
-        return args.runs[args.command](args) or 0
-    except Diverged as e:
+        return args.run(args) or 0
+    except FloatingPointError as e:                    # checkpoint.Diverged
         print(f"minialign {args.command}: {e}", file=sys.stderr)
         return 3
     except (OSError, ValueError, ImportError) as e:
