@@ -3,7 +3,11 @@ exit 2 before anything is written; a bad flag exits 2 naming the flag; 0 done, 3
 130 Ctrl-C, 143 SIGTERM; every command's --help."""
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import POSIX_SIGNALS
@@ -99,3 +103,17 @@ def test_every_commands_help(command, capsys):
     assert stop.value.code == 0
     assert out.startswith(f"usage: python -m minialign {command or ''}".rstrip())
     assert "/work/" not in out and "../" not in out                     # no path of this machine
+
+
+def test_nothing_needs_a_python_newer_than_requires_python():
+    """vermin's static check of the package and its tests against pyproject's requires-python
+    (a dev tool: skipped without it); numpy 1.x and 2.x are checked by running (make test-oldest)."""
+    pytest.importorskip("vermin", reason="vermin is not installed (pip install -e '.[dev]')")
+    root = Path(__file__).resolve().parents[1]
+    oldest = re.search(r'^requires-python = ">=(3\.\d+)"$', (root / "pyproject.toml").read_text(),
+                       re.M).group(1)
+    done = subprocess.run([sys.executable, "-c", "import sys, vermin; sys.argv[0] = 'vermin'; "
+                           "sys.exit(vermin.main())", "-q", "--no-tips", "--violations",
+                           "--eval-annotations", f"-t={oldest}-", "minialign", "tests"],
+                          cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
