@@ -188,6 +188,48 @@ def cmd_grade(p):
     return run
 
 
+def cmd_replicate(p, sweep=False):
+    from . import grid
+    p.add_argument("--captions", required=True, help="a COCO captions JSON file")
+    p.add_argument("--out", required=True, help="the results directory")
+    p.add_argument("--embeddings", help="the image embeddings .npz (none: text side only)")
+    p.add_argument("--objectives", nargs="+", default=grid.OBJECTIVES, metavar="NAME")
+    p.add_argument("--seeds", nargs="+", type=at_least(0), default=grid.SEEDS, metavar="S")
+    add_config_flags(p, skip=("objective", "captions", "seed"))
+    if sweep:
+        p.add_argument("--widths", nargs="+", type=at_least(1), default=grid.WIDTHS)
+        p.add_argument("--depths", nargs="+", type=at_least(1), default=grid.DEPTHS)
+        p.add_argument("--grid", choices=("plus", "cross"), default="plus",
+                       help="plus: widths at the center's depth and depths at its width")
+        p.add_argument("--center", nargs=2, type=at_least(1), default=grid.CENTER,
+                       metavar=("D", "L"))
+    else:
+        p.add_argument("--lr-min", type=at_least(0.0, float), default=1e-4)
+        p.add_argument("--lr-max", type=at_least(0.0, float), default=1e-2)
+        p.add_argument("--lr-per-decade", type=at_least(0), default=2,
+                       help="the lr search's points per decade; 0: no search")
+    p.add_argument("--jobs", type=at_least(1), help="runs at once (default: one per core, as "
+                   "memory allows)")
+    p.add_argument("--dry-run", action="store_true", help="say how long it will take, write "
+                   "nothing")
+    p.add_argument("--slurm", action="store_true", help="print an sbatch array script of the "
+                   "runs instead of running them")
+
+    def run(a):
+        base = config_from_args(a)
+        if sweep:
+            protocol = grid.Protocol(base, a.objectives, a.seeds, lr_per_decade=0,
+                                     sizes=grid.sweep_sizes(a.widths, a.depths, a.grid, a.center))
+        else:
+            protocol = grid.Protocol(base, a.objectives, a.seeds, a.lr_min, a.lr_max,
+                                     a.lr_per_decade)
+        if a.slurm:
+            print(grid.slurm_script(protocol, a.out, a.embeddings), end="")
+        else:
+            grid.replicate(protocol, a.out, a.jobs, a.embeddings, a.dry_run)
+    return run
+
+
 COMMANDS = {
     "data": ("one-time: COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos",
              cmd_data),
@@ -195,6 +237,10 @@ COMMANDS = {
                cmd_export),
     "synthetic": ("a SYNTHETIC world: COCO-format captions + image embeddings", cmd_synthetic),
     "train": ("train a text encoder with one objective", cmd_train),
+    "replicate": ("the grid: objectives x seeds, the lr search, the results table",
+                  cmd_replicate),
+    "scaling": ("the scaling sweep: encoder sizes x objectives x seeds",
+                lambda p: cmd_replicate(p, sweep=True)),
     "exercises": ("the course kit: a student copy with every exercise blanked", cmd_exercises),
     "grade": ("the course kit: each exercise's tests, one row each", cmd_grade),
 }
