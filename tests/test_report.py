@@ -1,11 +1,7 @@
-"""Tests of report.py: results.md rebuilt from saved runs alone, the figures, "pending".
-
-A tiny grid (good_views and next_token x seeds 0, 1, 6 steps, D = 16, lr search 1e-3 .. 1e-2
-without extensions) on a 300-scene SYNTHETIC world is trained text-only, as with
-IMAGE_EVAL=off; the image columns are filled in later by evaluate, without retraining.
-"""
-import argparse
-import dataclasses
+"""Tests of report.py and figures.py: the noise rule and the table writer on hand-made numbers
+(exact), compare's lines, the lr search's pick, the scaling trend, and the report of a tiny
+grid trained here (2 objectives x seeds 0, 1 + a two-point lr search, D = 16, 4 steps, on a
+300-scene synthetic world), text-only and with the world's image embeddings."""
 import json
 import math
 import shutil
@@ -16,436 +12,342 @@ import pytest
 from PIL import Image
 
 from minialign import train
-from minialign.machinery.cli import add_report_args, run_report
-from minialign.machinery.experiment.protocol import Protocol
-from minialign.machinery.images import evaluate, synthetic
-from minialign.machinery.experiment import figures, report
-from minialign.machinery.grid import replicate
-from minialign.machinery.images.embeddings import load_embeddings, save_embeddings
+from minialign.machinery import figures, grid, images, report, runs, synthetic
 from minialign.model import ModelConfig
 
-TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64)
-OUTPUTS = ("results.md", "results.json") + report.FIGURES
+KEYS = ["mutual_knn", "R@1", "R@5", "R@10", "paraphrase_R@1"]
+PROTOCOL = {"base": {"captions": "world/captions_synthetic.json", "steps": 500, "lr": 0.00316,
+                     "model": {"d_model": 64, "layers": "fast", "dtype": "float32"}},
+            "objectives": ["good_views", "bad_views", "next_token"], "seeds": [0, 1, 2],
+            "lr_min": 0.001}
 
 
+def table(rows, ceiling=0.38, untrained=None, **protocol):
+    """A hand-made results table: rows {objective: {metric: per-seed values}}, seeds 0..n-1."""
+    def row(values):
+        return {"seeds": list(range(len(next(iter(values.values()))))), **values}
+    base = {**PROTOCOL["base"], **protocol.pop("base", {})}
+    return {"protocol": {**PROTOCOL, **protocol, "base": base}, "captions_sha256": "c0ffee",
+            "metrics": KEYS, "chance": {k: 0.025 for k in KEYS}, "ceiling": ceiling,
+            "objectives": {obj: row(v) for obj, v in rows.items()},
+            "untrained": {a: {"objectives": ["good_views"], **row(v)}
+                          for a, v in (untrained or {"bidirectional": same(0.04)}).items()}}
+
+
+def same(value, n=3):
+    return {k: [value] * n for k in KEYS}
+
+
+REPO = {"good_views": {**same(0.1), "mutual_knn": [0.070, 0.066, 0.074]},
+        "bad_views": same(0.03), "next_token": same(0.02)}
+
+
+def compare(tmp_path, capsys, mine, ref):
+    """(compare's verdict, its printed lines) of two hand-made tables."""
+    for name, t in (("mine.json", mine), ("ref.json", ref)):
+        (tmp_path / name).write_text(json.dumps(t))
+    ok = report.compare(tmp_path / "mine.json", tmp_path / "ref.json")
+    return ok, capsys.readouterr().out.splitlines()
+
+
+def line_of(lines, row, metric):
+    return next(l for l in lines if l.startswith(row) and f" {metric} " in l)
+
+
+# ---------------------------------------------------------------- the noise rule, the table
+def test_the_noise_rule_is_two_standard_errors_of_the_pooled_spread():
+    # x: one seed at 0.5; y: 0.1, 0.2, 0.3 (sample std 0.1): s^2 = (0 + 2 * 0.01) / 2
+    diff, allowed, s = report.agreement([0.5], [0.1, 0.2, 0.3])
+    assert (diff, s, allowed) == pytest.approx((0.3, 0.1, 2 * 0.1 * math.sqrt(1 + 1 / 3)))
+    # unequal stds (0.01 and 0.02, n = m = 3): s^2 = (2 * 1e-4 + 2 * 4e-4) / 4; not the mean std
+    diff, allowed, s = report.agreement([0.1, 0.11, 0.12], [0.1, 0.12, 0.14])
+    assert (diff, s) == pytest.approx((0.01, math.sqrt(2.5e-4)))
+    assert allowed == pytest.approx(2 * math.sqrt(2.5e-4) * math.sqrt(2 / 3))
+    # no spread, or one seed a side: the floor alone
+    assert report.agreement([0.5] * 3, [0.5] * 3) == (0.0, report.FLOOR, 0.0)
+    assert report.agreement([0.5], [0.5]) == (0.0, report.FLOOR, 0.0)
+    assert report.allowed(0.004, 1, 1) == pytest.approx(2 * 0.004 * math.sqrt(2))
+
+
+def test_the_table_writer_and_its_cells():
+    assert report.md_table(["row", "a", "b"], [["x", "1", "2"]], "lrl") == [
+        "| row | a | b |", "|---|---:|---|", "| x | 1 | 2 |"]
+    assert report.cells([0.070, 0.066, 0.074]) == ("0.070 ± 0.004", "0.070, 0.066, 0.074")
+    assert report.cells([0.25]) == ("0.250 (1 seed)", "0.250")
+    assert report.cells(0.0) == ("0.000", "") and report.cells(None) == ("-", "")
+    assert report.cells([]) == ("-", "") and report.cells("diverged") == ("diverged", "")
+    assert report.cells([-0.0004, 0.0002], sign=True)[0] == "+0.000 ± 0.000"   # never -0.000
+
+
+# ---------------------------------------------------------------- compare
+def test_a_table_that_agrees(tmp_path, capsys):
+    mine = {**REPO, "good_views": {**same(0.1), "mutual_knn": [0.075, 0.071, 0.079]}}
+    ok, lines = compare(tmp_path, capsys, table(mine), table(REPO))
+    assert ok and "agree: |mean difference| <= max(2 x spread x sqrt(1/n + 1/m), 0.002)" in lines[0]
+    assert len(lines) == 1 + 4 * 5 + 1 + 1 and lines[-1] == "all 21 agree"
+    # 0.005 <= 2 * 0.004 * sqrt(2/3) = 0.0065; the same seed: 0.075 - 0.070
+    assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
+        "agree: 0.0750 vs 0.0700 (allowed 0.0065; spread 0.0040, the difference 1.25 of it; "
+        "seeds 3 and 3; same seed up to 0.0050)")
+    assert line_of(lines, "world ceiling", "mutual-kNN@10").endswith(
+        "agree: 0.3800 vs 0.3800 (allowed 0.0020; spread 0.0000; seeds 1 and 1)")
+
+
+def test_a_difference_beyond_the_spread_is_named(tmp_path, capsys):
+    mine = {**REPO, "good_views": {**same(0.1), "mutual_knn": [0.080, 0.076, 0.084]},
+            "bad_views": {**same(0.03), "R@1": [0.0322] * 3}}        # 0.0022 > the floor
+    ok, lines = compare(tmp_path, capsys, table(mine), table(REPO))
+    assert not ok and lines[-1] == "2 of 21 do not agree"
+    assert line_of(lines, "good_views", "mutual-kNN@10").endswith(
+        "differs by 0.0100: 0.0800 vs 0.0700 (allowed 0.0065; spread 0.0040, the difference "
+        "2.50 of it; seeds 3 and 3; same seed up to 0.0100)")
+    assert "differs by 0.0022: 0.0322 vs 0.0300 (allowed 0.0020; spread 0.0000;" in \
+        line_of(lines, "bad_views", "R@1")
+
+
+def test_missing_rows_and_the_ceiling_are_lines_of_their_own(tmp_path, capsys):
+    mine = table({k: v for k, v in REPO.items() if k != "next_token"}, ceiling=0.383)
+    mine["untrained"] = {}
+    ok, lines = compare(tmp_path, capsys, mine, table(REPO))
+    assert not ok and lines[-1] == "3 of 13 do not agree"
+    assert [l for l in lines[1:] if " missing in " in l] == [
+        f"next_token{' ' * 24}{' ' * 16}missing in {tmp_path / 'mine.json'}",
+        f"untrained encoder, bidirectional  {' ' * 14}  missing in {tmp_path / 'mine.json'}"]
+    assert "differs by 0.0030: 0.3830 vs 0.3800" in line_of(lines, "world ceiling", "mutual-kNN@10")
+
+
+def test_fewer_seeds_and_the_same_seed_by_its_number(tmp_path, capsys):
+    mine = {obj: {k: v[:1] for k, v in values.items()} for obj, values in REPO.items()}
+    mine["good_views"]["mutual_knn"] = [0.071]
+    ok, lines = compare(tmp_path, capsys, table(mine), table(REPO))
+    # x = [0.071], y = 0.070, 0.066, 0.074: s = 0.004, allowed 2 * 0.004 * sqrt(1 + 1/3)
+    assert ok and line_of(lines, "good_views", "mutual-kNN@10").endswith(
+        "agree: 0.0710 vs 0.0700 (allowed 0.0092; spread 0.0040, the difference 0.25 of it; "
+        "seeds 1 and 3; same seed up to 0.0010)")
+    shuffled = table(REPO)
+    shuffled["objectives"]["good_views"].update(seeds=[2, 0, 1], mutual_knn=[0.074, 0.070, 0.066])
+    ok, lines = compare(tmp_path, capsys, shuffled, table(REPO))
+    assert "same seed up to 0.0000)" in line_of(lines, "good_views", "mutual-kNN@10")
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"base": {"steps": 100}}, "steps (100 in MINE, 500 in REF)"),
+    ({"seeds": [0]}, "seeds ([0] in MINE, [0, 1, 2] in REF)"),
+    ({"base": {"model": {"d_model": 32, "layers": "fast"}}},
+     "model.d_model (32 in MINE, 64 in REF)"),
+])
+def test_another_protocol_is_refused_in_one_line(tmp_path, capsys, change, said):
+    with pytest.raises(ValueError) as err:
+        compare(tmp_path, capsys, table(REPO, **change), table(REPO))
+    mine, ref = tmp_path / "mine.json", tmp_path / "ref.json"
+    assert str(err.value) == (f"{mine}: made under another protocol than {ref}: "
+                              f"{said.replace('MINE', str(mine)).replace('REF', str(ref))}; "
+                              f"compare tables made with the same settings")
+    assert capsys.readouterr().out == ""
+
+
+def test_layers_dtype_and_the_captions_spelling_may_differ_not_the_captions(tmp_path, capsys):
+    other = {"captions": "elsewhere/c.json", "model": {"d_model": 64, "layers": "reference",
+                                                       "dtype": "float64"}}
+    mine = table(REPO, base=other, lr_per_decade=2)           # a setting the other lacks
+    ok, lines = compare(tmp_path, capsys, mine, table(REPO))
+    assert ok and lines[0].startswith(f"{tmp_path / 'mine.json'} (--layers reference, --dtype "
+                                      f"float64) against {tmp_path / 'ref.json'} (--layers "
+                                      f"fast, --dtype float32)")
+    with pytest.raises(ValueError, match="the captions file .another sha256"):
+        compare(tmp_path, capsys, {**mine, "captions_sha256": "bad"}, table(REPO))
+
+
+def test_the_demo_table_reads_and_agrees_with_itself(capsys):
+    assert report.compare(report.DEMO)                        # --against: the demo's own
+    lines = capsys.readouterr().out.splitlines()[1:-1]
+    assert len(lines) == 5 * 5 + 1 and all(" agree: " in l for l in lines)
+    assert all(l.endswith("same seed up to 0.0000)") for l in lines[:-1])
+
+
+def test_a_file_that_is_no_table(tmp_path):
+    (tmp_path / "x.json").write_text('{"base": {}}')
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'x.json'}: not a results table"):
+        report.load_results(tmp_path / "x.json")
+    with pytest.raises(FileNotFoundError, match="results.json: no such file"):
+        report.load_results(tmp_path)
+
+
+# ---------------------------------------------------------------- the lr search's pick
+def test_a_pick_is_resolved_by_the_noise_rule():
+    """margin = the pick's val score - the best other finite one; noise = 2 sqrt(2) x the
+    sample std of the seed grid's val scores (0.030, 0.032, 0.034: 0.002), at least FLOOR."""
+    protocol = grid.Protocol(base=train.TrainConfig(lr=3.16e-3), objectives=("good_views",),
+                             lr_min=1e-3, lr_max=1e-2, lr_per_decade=2, max_extensions=0)
+
+    def fake(scores):
+        vals = {**dict(zip((1e-3, 3.16e-3, 1e-2), scores))}
+        return lambda obj, seed, lr=None: (
+            {"status": "diverged"} if vals.get(lr) == -math.inf else
+            {"status": "finished", "val": vals[lr], "test": {"R@1": lr}} if lr else
+            {"status": "finished", "val": 0.030 + 0.002 * seed})
+    picked = report.search(protocol, "good_views", fake([0.041, 0.050, -math.inf]))
+    assert picked["chosen"] == 3.16e-3 and picked["scores"] == [0.041, 0.050, "diverged"]
+    assert picked["margin"] == pytest.approx(0.009) and picked["test"] == {"R@1": 3.16e-3}
+    assert picked["noise"] == pytest.approx(2 * math.sqrt(2) * 0.002)
+    close = report.search(protocol, "good_views", fake([0.045, 0.050, 0.030]))
+    results = {"protocol": json.loads(json.dumps(grid.protocol_json(protocol))),
+               "metric": "mutual_knn", "lr_search": {"good_views": picked, "next_token": close}}
+    rows = [l for l in report.search_lines(results) if l.startswith("| good_views")
+            or l.startswith("| next_token")]
+    assert rows == [
+        "| good_views | 1.00e-03: 0.041, **3.16e-03: 0.050**, 1.00e-02: diverged | 3.16e-03 | yes "
+        "| +0.009 (resolved: noise < 0.006) |",
+        "| next_token | 1.00e-03: 0.045, **3.16e-03: 0.050**, 1.00e-02: 0.030 | 3.16e-03 | yes "
+        "| +0.005 (not resolved: noise up to 0.006) |"]
+
+
+# ---------------------------------------------------------------- scaling
+def test_the_gap_trend_by_hand():
+    # gaps 0.01, 0.03, 0.05 at 1e4, 1e5, 1e6 parameters: slope 0.02 per decade, no residual
+    t = report.gap_trend([(1e4, 0.01), (1e5, 0.03), (1e6, 0.05)])
+    assert t["slope"] == pytest.approx(0.02) and t["se"] == pytest.approx(0, abs=1e-12)
+    assert t["verdict"] == "grows"
+    # residuals +-0.01: se = sqrt(RSS / (n - 2) / Sxx) = sqrt(4e-4 / 2 / 2): not resolved
+    t = report.gap_trend([(1e4, 0.0), (1e4, 0.02), (1e6, 0.05), (1e6, 0.03)])
+    assert (t["slope"], t["se"]) == pytest.approx((0.015, math.sqrt(4e-4 / 2 / 4)))
+    assert t["verdict"] == "grows" and report.gap_trend([(1e4, 0.1)])["slope"] is None
+    assert report.gap_trend([(1e4, 0.1), (1e5, -0.1), (1e6, 0.1)])["verdict"] == \
+        "not resolved at these sizes"
+
+
+def test_the_scaling_report_and_figure(tmp_path):
+    def size(d, params, gaps):
+        return {"d_model": d, "n_layers": 2, "params": params, "gap": {"seeds": [0, 1],
+                                                                      "values": gaps},
+                "objectives": {"good_views": {"seeds": [0, 1], "paraphrase_R@1": [0.2, 0.3]},
+                               "next_token": {"seeds": [0, 1], "paraphrase_R@1": [0.1, 0.1]}},
+                "untrained": {"bidirectional": {"paraphrase_R@1": [0.05, 0.07]}}}
+    sizes = [size(64, 41_200, [0.1, 0.2]), size(128, 4_660_000, [0.2, 0.3])]
+    results = {"dataset": "sweep", "metric": "paraphrase_R@1", "world": None, "embeddings": None,
+               "chance": {"paraphrase_R@1": 0.01}, "sizes": sizes, "trend": report.gap_trend(
+                   [(s["params"], g) for s in sizes for g in s["gap"]["values"]]),
+               "protocol": {**PROTOCOL, "objectives": ["good_views", "next_token"],
+                            "base": {**PROTOCOL["base"], "batch_photos": 64,
+                                     "model": {**PROTOCOL["base"]["model"], "n_layers": 2}}}}
+    md = report.format_scaling(results)
+    assert "| 64 | 2 | 41.2k | 0.250 ± 0.071 | 0.100 ± 0.000 | 0.060 ± 0.014 | - | +0.150 ± " \
+           "0.071 |" in md and "| 128 | 2 | 4.66M |" in md
+    assert "gap in test paraphrase R@1 not resolved at these sizes" in md
+    assert figures.draw(results, tmp_path) == ["fig_scaling.png"]
+    assert Image.open(tmp_path / "fig_scaling.png").size == figures.SIZE
+
+
+def test_axis_ticks_reach_past_the_largest_value():
+    assert figures.ticks(0, 0.68) == [0, 0.2, 0.4, 0.6, 0.8]
+    assert figures.ticks(0, 0.4) == [0, 0.1, 0.2, 0.3, 0.4]
+    assert figures.ticks(0.02, 0.031) == [0.02, 0.0225, 0.025, 0.0275, 0.03, 0.0325]
+
+
+# ---------------------------------------------------------------- a tiny grid
 @pytest.fixture(scope="module")
-def text_only(tmp_path_factory):
-    """A grid directory trained without image evaluation, and the world's embeddings path."""
+def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0, world="v1")
-    base = train.TrainConfig(captions=str(captions), steps=6, batch_photos=16, eval_every=3,
-                             warmup_steps=2, lr=1e-3, model=TINY)
-    protocol = Protocol(base=base, objectives=("good_views", "next_token"),
-                                  seeds=(0, 1), lr_min=1e-3, lr_max=1e-2, lr_per_decade=1,
-                                  max_extensions=0)
-    replicate.replicate(protocol, root / "grid", None, progress=False)
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
+    base = train.TrainConfig(captions=str(captions), steps=4, batch_photos=16, eval_every=2,
+                             warmup_steps=1, lr=1e-3,
+                             model=ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64))
+    protocol = grid.Protocol(base=base, objectives=("good_views", "next_token"), seeds=(0, 1),
+                             lr_min=1e-3, lr_max=1e-2, lr_per_decade=1, max_extensions=0)
+    runs.write_json(root / "grid" / "protocol.json", grid.protocol_json(protocol))
+    for name, cfg in grid.planned(protocol).items():
+        train.train(cfg, root / "grid" / "runs" / name, progress=False)
     return {"out": root / "grid", "embeddings": embeddings}
 
 
-def cli(out):
-    parser = argparse.ArgumentParser()
-    add_report_args(parser)
-    return run_report(parser.parse_args([str(out)]))
+def copy(tiny, tmp_path, name="grid"):
+    return Path(shutil.copytree(tiny["out"], tmp_path / name))
 
 
-def outputs(out):
-    return {name: (out / name).read_bytes() for name in OUTPUTS}
-
-
-def test_pending_without_image_alignment(text_only, tmp_path, capsys):
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    results = cli(out)
-    printed = capsys.readouterr().out
-    md = (out / "results.md").read_text()
-    assert results["image"] is False and results["metric"] == "paraphrase_R@1"
-    for obj in ("good_views", "next_token"):
-        row = next(l for l in md.splitlines() if l.startswith(f"| {obj} |"))
-        assert row.count("pending") == 4                     # mkNN and R@1: mean, per seed
-        para = results["objectives"][obj]["paraphrase_R@1"]
-        assert f"{para['mean']:.3f} ± {para['std']:.3f}" in row
-        lr_row = next(l for l in md.splitlines() if l.startswith(f"| {obj}, lr search ("))
-        assert lr_row.count("pending") == 2
-    assert "Image alignment pending: 0 of 6 finished runs" in md
-    assert "selected on final val paraphrase R@1" in md
-    assert "| good_views |" in printed and "results.md" in printed
-    for name in report.FIGURES:
-        assert Image.open(out / name).size == figures.FIG_SIZE
-
-
-def test_evaluate_later_fills_in_the_image_columns(text_only, tmp_path):
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    before = {p: p.read_bytes() for p in (out / "runs").rglob("*.npz")}
-    report.build_report(out)
-    text_md = (out / "results.md").read_text()
-    world = load_embeddings(text_only["embeddings"])
-    save_embeddings(tmp_path / "pinned.npz", world.image_ids, world.embeddings,
-                    {**world.meta, "revision": "abc123"})     # as export records DINOv2's
-    emb = load_embeddings(tmp_path / "pinned.npz")
-    for run in sorted((out / "runs").iterdir()):      # what `python -m minialign evaluate` does
-        evaluate.evaluate_run(run, emb)
-    results = report.build_report(out)
-    md = (out / "results.md").read_text()
-    assert results["image"] is True and "pending" not in md
-    assert results["metric"] == "mutual_knn" and "selected on final val mutual-kNN@10" in md
-    mk = results["objectives"]["good_views"]["mutual_knn"]
-    assert f"{mk['mean']:.3f} ± {mk['std']:.3f}" in md
-    assert "compare the ordering of the objectives with the replication's, not the values" in md
-    assert f"Image embeddings: {world.meta['model']} at revision abc123." in md
-    row = next(l for l in md.splitlines() if l.startswith("| good_views |")).split("|")
-    assert row[4].strip() == row[7].strip() == "-"     # synthetic world: no published numbers
-    pending = next(l for l in text_md.splitlines() if l.startswith("| good_views |"))
-    assert "| 0.320 |" in pending and "| 0.084 |" in pending    # COCO-like, text-only: shown
-    assert {p: p.read_bytes() for p in (out / "runs").rglob("*.npz")} == before  # no retraining
-
-
-def test_report_rebuilds_identical_results_from_saved_runs(text_only, tmp_path):
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    report.build_report(out)
-    first = outputs(out)
-    for name in OUTPUTS:
-        (out / name).unlink()
-    report.build_report(out)
-    assert outputs(out) == first                             # byte for byte, PNGs included
-    assert json.loads(first["results.json"])["finished_runs"] == 6
-
-
-def test_figures_have_the_expected_size_and_are_not_blank(text_only, tmp_path):
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    report.build_report(out)
-    for name in report.FIGURES:
-        img = Image.open(out / name)
-        assert img.format == "PNG" and img.size == figures.FIG_SIZE == (1600, 900)
-        colours = img.convert("RGB").getcolors(maxcolors=1 << 16)
-        assert colours is None or len(colours) > 20, name     # text, lines and bars drawn
-
-
-def test_axis_ticks_reach_past_the_largest_value_drawn():
-    # the last tick is >= hi: fig_alignment's top * 1.15 leaves every marker below the frame
-    assert figures.nice_ticks(0, 0.68) == [0, 0.2, 0.4, 0.6, 0.8]     # a 0.592 ceiling * 1.15
-    assert figures.nice_ticks(0, 0.35) == [0, 0.1, 0.2, 0.3, 0.4]     # not 0.3 < 0.35 / 1.15
-    assert figures.nice_ticks(0, 0.4) == [0, 0.1, 0.2, 0.3, 0.4]      # hi on a tick: no extra
-    assert figures.nice_ticks(0.02, 0.031) == [0.02, 0.0225, 0.025, 0.0275, 0.03, 0.0325]  # 2.5e-3
-
-
-def test_report_of_a_directory_without_protocol_is_an_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="protocol.json"):
-        cli(tmp_path)
-
-
-@pytest.mark.parametrize("name, text, message", [
-    ("protocol.json", '{"base": {"objective": "good_', "not a valid replicate protocol "
-     "(protocol.json) (truncated or edited? Unterminated string starting at: line 1 column 24 "
-     "(char 23))"),
-    ("protocol.json", "", "empty, expected a replicate protocol (protocol.json) (interrupted by "
-     "an older minialign, or truncated?)"),
-    ("protocol.json", '{"colour": 1}', "not a protocol of this minialign (Protocol.__init__() "
-     "got an unexpected keyword argument 'colour')"),
-    ("environment.json", "[]", "not a machine description (environment.json) (a JSON list, "
-     "not an object)"),
-    ("runs/good_views-lr1.00e-03-seed0/config.json", "{", "not a valid run config (config.json) "
-     "(truncated or edited? Expecting property name enclosed in double quotes: line 1 column 2 "
-     "(char 1))"),
-    ("runs/good_views-lr1.00e-03-seed0/metrics.json", "", "empty, expected a run metrics file "
-     "(metrics.json) (interrupted by an older minialign, or truncated?)"),
-])
-def test_damaged_json_is_one_line_and_changes_no_result(text_only, tmp_path, capsys, name,
-                                                        text, message):
-    from minialign.__main__ import main
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    report.build_report(out)
-    (out / name).write_text(text)
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    capsys.readouterr()
-    assert main(["report", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.splitlines() == [f"minialign report: error: {out / name}: {message}"]
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-
-
-def test_speed_table_follows_the_saved_curves(text_only):
-    """results.json's "speed" per objective equals speed.py on each run's own saved val curve
-    after step 0 (the untrained encoder, where the curve starts), with next_token's final value
-    at the same seed as the target."""
-    from minialign.machinery.experiment.speed import speed_numbers, trained
-    results = report.collect(text_only["out"])
-    runs, metric = results["runs"], results["metric"]
-    final = {runs[n]["seed"]: runs[n]["curve"][metric][-1]
-             for n in results["seed_runs"]["next_token"]}
-    for obj, names in results["seed_runs"].items():
-        assert all(runs[n]["curve"]["step"][0] == 0 for n in names)
-        per_seed = [speed_numbers(*trained(runs[n]["curve"], metric), final[runs[n]["seed"]])
-                    for n in names]
-        row = results["speed"][obj]
-        reached = [s["steps_to_target"] for s in per_seed if s["steps_to_target"] is not None]
-        assert row["not_reached"] == len(per_seed) - len(reached)
-        assert (row["steps_to_target"] or {"values": []})["values"] == reached
-        assert row["auc"]["values"] == [s["auc"] for s in per_seed]
-    # next_token reaches its own final value by its last evaluation at the latest
-    assert results["speed"]["next_token"]["not_reached"] == 0
-    assert "steps to reach next_token's final value" in report.format_markdown(results)
-
-
-def test_protocol_line_says_float64_and_only_float64(text_only):
-    """--dtype float64 runs (#29) say so in results.md's protocol line; float32 runs, the
-    replication's arithmetic, say nothing."""
-    results = report.collect(text_only["out"])
-    model = results["protocol"]["base"]["model"]
-    assert model["dtype"] == "float32"
-    line = f"encoder D={model['d_model']} L={model['n_layers']}"
-    assert f"{line}, word tokenizer" in report.format_markdown(results)
-    model["dtype"] = "float64"
-    assert f"{line} in float64, word tokenizer" in report.format_markdown(results)
-
-
-# ---------------------------------------------------------------- context rows, side by side
-@pytest.fixture(scope="module")
-def evaluated(text_only, tmp_path_factory):
-    """A copy of the text-only grid with every run scored against the world's embeddings."""
-    out = Path(shutil.copytree(text_only["out"], tmp_path_factory.mktemp("ctx") / "grid"))
-    emb = load_embeddings(text_only["embeddings"])
-    for run in sorted((out / "runs").iterdir()):
-        evaluate.evaluate_run(run, emb)
-    return out
-
-
-def table_rows(md):
-    """The main table's body rows, in order."""
+def body(md):
     lines = md.splitlines()
-    first = lines.index("|---|---:|---|---:|---:|---|---:|---:|") + 1
+    first = next(i for i, l in enumerate(lines) if l.startswith("| row |")) + 2
     return lines[first:lines.index("", first)]
 
 
-def test_context_rows_chance_untrained_ceiling(evaluated, text_only, tmp_path):
-    out = Path(shutil.copytree(evaluated, tmp_path / "grid"))
-    results = report.build_report(out)
-    saved = json.loads((out / "baselines.json").read_text())
-    captions = results["protocol"]["base"]["captions"]
+def test_a_text_only_report(tiny, tmp_path, capsys):
+    out = copy(tiny, tmp_path)
+    assert report.write_report(out) == out / "results.md"
+    md, results = (out / "results.md").read_text(), runs.read_json(out / "results.json")
+    assert "| good_views |" in capsys.readouterr().out
+    run = out / "runs" / "good_views-lr1.00e-03-seed1"
+    assert results["objectives"]["good_views"]["paraphrase_R@1"][1] == \
+        images.score_run(run)["test"]["paraphrase_R@1"]
+    u = [images.score_run(out / "runs" / f"next_token-lr1.00e-03-seed{s}", step=0)["test"]
+         ["paraphrase_R@1"] for s in (0, 1)]
+    chance = results["chance"]["paraphrase_R@1"]
+    g = results["objectives"]["good_views"]["paraphrase_R@1"]
+    assert body(md)[:4] == [
+        f"| chance | {chance:.3f} |  |",
+        f"| untrained encoder, bidirectional (good_views) | "
+        f"{report.cells(results['untrained']['bidirectional']['paraphrase_R@1'])[0]} | "
+        f"{report.cells(results['untrained']['bidirectional']['paraphrase_R@1'])[1]} |",
+        f"| untrained encoder, causal (next_token) | {np.mean(u):.3f} ± {np.std(u, ddof=1):.3f} "
+        f"| {u[0]:.3f}, {u[1]:.3f} |",
+        f"| good_views | {np.mean(g):.3f} ± {np.std(g, ddof=1):.3f} | {g[0]:.3f}, {g[1]:.3f} |"]
+    assert body(md)[5].startswith("| good_views, lr search (1.00e-0")
+    assert "Text side only: `report --embeddings FILE` adds the image columns." in md
+    assert "selected on final val paraphrase R@1" in md
+    for name in ("fig_alignment.png", "fig_curves.png", "fig_lr_search.png"):
+        assert f"({name})" in md
+        img = Image.open(out / name)
+        assert img.size == figures.SIZE and len(img.getcolors(1 << 16)) > 20, name
+
+
+def test_a_report_with_the_worlds_images(tiny, tmp_path):
+    out = copy(tiny, tmp_path)
+    report.write_report(out, tiny["embeddings"])
+    md, results = (out / "results.md").read_text(), runs.read_json(out / "results.json")
+    emb = images.load_embeddings(tiny["embeddings"])
+    run = out / "runs" / "next_token-lr1.00e-03-seed0"
+    test, step0 = images.score_run(run, emb)["test"], images.score_run(run, emb, 0)["test"]
+    assert results["objectives"]["next_token"]["R@1"][0] == test["R@1"]
+    assert results["untrained"]["causal"]["mutual_knn"][0] == step0["mutual_knn"]
     assert results["ceiling"] == synthetic.world_ceiling_of_files(
-        captions, text_only["embeddings"], split_seed=results["protocol"]["base"]["split_seed"])
-    rows = table_rows((out / "results.md").read_text())
-    chance = results["chance"]
-    assert rows[0] == (f"| chance | {chance['mutual_knn']:.3f} | | | {chance['R@1']:.3f} | | | "
-                       f"{chance['paraphrase_R@1']:.3f} |")
-    for row, (kind, objectives) in zip(rows[1:3], [("bidirectional", "good_views"),
-                                                   ("causal", "next_token")]):
-        tests = saved["untrained"][kind]["test"]                  # seeds 0, 1
-        cells = []
-        for key in ("mutual_knn", "R@1"):
-            v = [t[key] for t in tests]
-            cells += [f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}", f"{v[0]:.3f}, {v[1]:.3f}"]
-        para = [t["paraphrase_R@1"] for t in tests]
-        assert row == (f"| untrained encoder, {kind} ({objectives}) | {cells[0]} | {cells[1]} | "
-                       f"| {cells[2]} | {cells[3]} | | {np.mean(para):.3f} ± "
-                       f"{np.std(para, ddof=1):.3f} |")
-    assert rows[3] == f"| world v1 ceiling (scene factors vs images) | {results['ceiling']:.3f} " \
-                      f"| | | - | | | - |"
-    assert rows[4].startswith("| good_views |") and rows[5].startswith("| next_token |")
-    first = outputs(out)                      # baselines.json recomputed: the same bytes again
-    (out / "baselines.json").unlink()
-    report.build_report(out)
-    assert outputs(out) == first and json.loads((out / "baselines.json").read_text()) == saved
+        results["protocol"]["base"]["captions"], tiny["embeddings"])
+    rows = body(md)
+    assert rows[0] == (f"| chance | {test['chance']['mutual_knn']:.3f} |  | "
+                       f"{test['chance']['R@1']:.3f} |  | {test['chance']['paraphrase_R@1']:.3f} |")
+    assert rows[3] == f"| world v2 ceiling (scene factors vs images) | {results['ceiling']:.3f} " \
+                      f"|  | - |  | - |"
+    assert [r.split(" |")[0] for r in rows[4:6]] == ["| good_views", "| next_token"]
+    assert "published" not in md.splitlines()[4] and "compare the ordering of the objectives" in md
+    first = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    report.write_report(out, tiny["embeddings"])           # the same runs: the same bytes
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == first
 
 
-def test_untrained_row_is_init_params_scored_by_hand(evaluated, text_only):
-    """Seed 1's untrained scores = its init_params (train.run's first stream) encoding the test
-    captions (float16, as runs save them), scored with metrics.py directly."""
-    from minialign.machinery.run.monitor import prepare
-    from minialign.machinery.experiment.protocol import load_protocol, run_config
-    from minialign.metrics import fit_procrustes, mutual_knn, paraphrase_r_at_1, rotated_recall
-    from minialign.model import encode, init_params
-    report.collect(evaluated)
-    saved = json.loads((evaluated / "baselines.json").read_text())["untrained"]
-    cfg = run_config(load_protocol(evaluated), "good_views", 1)
-    data = prepare(cfg)
-    model = dataclasses.replace(cfg.model, vocab_size=data["tokenizer"].vocab_size)
-    params = init_params(model, np.random.default_rng(np.random.SeedSequence(1).spawn(3)[0]))
-    emb = load_embeddings(text_only["embeddings"])
-    image_of = dict(zip(emb.image_ids.tolist(), emb.embeddings))
-
-    def slot(split, s, causal):                       # (ids, z) of caption s, ids ascending
-        t = data["tables"][split]
-        assert (t.counts == 5).all()                  # every synthetic scene has 5 captions
-        rows = t.offsets + s
-        z, _, _ = encode(params, t.tokens[rows, :t.lengths[rows].max()], model, causal=causal)
-        ids = data["captions"].image_ids[t.photo_idx]
-        order = np.argsort(ids, kind="stable")
-        return ids[order], z.astype(np.float16).astype(np.float32)[order]
-
-    for attention, causal in (("bidirectional", False), ("causal", True)):
-        test = [slot("test", s, causal) for s in range(5)]
-        img = np.stack([image_of[i] for i in test[0][0].tolist()])
-        train_ids, train_z = slot("train", 0, causal)
-        rotation = fit_procrustes(train_z, np.stack([image_of[i] for i in train_ids.tolist()]))
-        got = saved[attention]["test"][1]
-        assert got["paraphrase_R@1"] == pytest.approx(paraphrase_r_at_1(test[0][1], test[1][1]),
-                                                      abs=1e-12)
-        assert got["mutual_knn"] == pytest.approx(np.mean([mutual_knn(z, img) for _, z in test]),
-                                                  abs=1e-12)
-        assert got["R@1"] == pytest.approx(
-            np.mean([rotated_recall(rotation, z, img)["R@1"] for _, z in test]), abs=1e-12)
-
-
-def test_untrained_row_without_image_embeddings(text_only, tmp_path):
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    results = report.build_report(out)
-    rows = table_rows((out / "results.md").read_text())
-    assert rows[1].startswith("| untrained encoder, bidirectional (good_views) | pending | "
-                              "pending | | pending | pending | |")
-    para = results["untrained"]["causal"]["paraphrase_R@1"]
-    assert rows[2].endswith(f"| {para['mean']:.3f} ± {para['std']:.3f} |")
-    assert results["ceiling"] is None and not any("world ceiling" in r for r in rows)
-
-
-def test_a_missing_results_directory_says_how_to_make_it(tmp_path, monkeypatch, capsys):
-    from minialign.__main__ import main
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "results" / "synthetic").mkdir(parents=True)
-    (tmp_path / "results" / "synthetic" / "protocol.json").write_text("{}")   # `make demo` ran
-    for argv, line in [
-            (["results/synthetic", "results/synthetic-sigreg"],           # make demo-compare
-             "results/synthetic-sigreg: no such directory; make it first with `make demo "
-             "ANTICOLLAPSE=sigreg`"),
-            (["results/coco-quick"],
-             "results/coco-quick: no such directory; make it first with `make replicate-quick`"),
-            (["mine/grid"], "mine/grid: no such directory; make it first with `python -m "
-             "minialign replicate ... --out mine/grid`")]:
-        assert main(["report"] + argv) == 2
-        assert capsys.readouterr().err == f"minialign report: error: {line}\n"
-
-
-def test_report_of_one_train_run_names_evaluate(text_only, capsys):
-    from minialign.__main__ import main
-    run = sorted((text_only["out"] / "runs").iterdir())[0]
-    assert main(["report", str(run)]) == 2
-    assert capsys.readouterr().err == (
-        f"minialign report: error: {run}: no protocol.json; not a `replicate` results directory: "
-        f"one run is read by `python -m minialign evaluate --run {run}`\n")
-
-
-def test_side_by_side_table_of_two_directories(evaluated, text_only, tmp_path, capsys):
-    a = Path(shutil.copytree(evaluated, tmp_path / "grid"))
-    b = Path(shutil.copytree(text_only["out"], tmp_path / "grid-sigreg"))
-    protocol = json.loads((b / "protocol.json").read_text())
-    protocol["base"]["loss"]["anticollapse"] = "sigreg"          # as if trained with SIGReg
-    (b / "protocol.json").write_text(json.dumps(protocol))
-    parser = argparse.ArgumentParser()
-    add_report_args(parser)
+def test_compare_a_grid_with_its_own_table(tiny, tmp_path, capsys):
+    a, b = copy(tiny, tmp_path, "a"), copy(tiny, tmp_path, "b")
+    report.write_report(a, tiny["embeddings"])
+    report.write_report(b, tiny["embeddings"])
     capsys.readouterr()
-    text = run_report(parser.parse_args([str(a), str(b)]))
-    assert capsys.readouterr().out == text + f"\nwrote {tmp_path / 'compare_grid_grid-sigreg.md'}\n"
-    assert (tmp_path / "compare_grid_grid-sigreg.md").read_text() == text
-    ra, rb = report.collect(a), report.collect(b)
-    lines = text.splitlines()
-    assert "The protocols differ in the anti-collapse term only." in lines
-    assert ("| | mutual-kNN@10, vicreg | mutual-kNN@10, sigreg | R@1, vicreg | R@1, sigreg | "
-            "paraphrase R@1 (text only), vicreg | paraphrase R@1 (text only), sigreg |") in lines
-    mean_std = lambda s: f"{s['mean']:.3f} ± {s['std']:.3f}"
-    ga, gb = ra["objectives"]["good_views"], rb["objectives"]["good_views"]
-    assert (f"| good_views | {mean_std(ga['mutual_knn'])} | pending | {mean_std(ga['R@1'])} | "
-            f"pending | {mean_std(ga['paraphrase_R@1'])} | {mean_std(gb['paraphrase_R@1'])} |"
-            ) in lines
-    assert f"| chance | {ra['chance']['mutual_knn']:.3f} | pending |" in text
-    assert f"| world ceiling (scene factors vs images) | {ra['ceiling']:.3f} | - | - | - |" in text
-    ua = ra["untrained"]["causal"]["R@1"]
-    assert f"| untrained encoder, causal (next_token) | {mean_std(ra['untrained']['causal']['mutual_knn'])} | pending | {mean_std(ua)} |" in text
-    with pytest.raises(ValueError, match="only for a side-by-side table"):
-        run_report(parser.parse_args([str(a), "--out", str(tmp_path / "x.md")]))
-    protocol.update(kind="scaling", sizes=[[16, 1]])               # as if `scaling` wrote it
-    (b / "protocol.json").write_text(json.dumps(protocol))
-    with pytest.raises(ValueError, match=f"^{b}: a scaling sweep; `report DIR_A DIR_B` compares"):
-        run_report(parser.parse_args([str(a), str(b)]))
+    assert report.compare(a, b / "results.json")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "all 21 agree"              # 2 objectives + 2 untrained rows x 5; ceiling
+    assert all(l.endswith("same seed up to 0.0000)") for l in lines[1:-2])
 
 
-def test_replicate_refuses_to_mix_regularisers_in_one_directory(text_only, tmp_path, capsys):
-    from minialign.__main__ import main
-    out = Path(shutil.copytree(text_only["out"], tmp_path / "grid"))
-    captions = json.loads((out / "protocol.json").read_text())["base"]["captions"]
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    capsys.readouterr()
-    assert main(["replicate", "--captions", captions, "--out", str(out), "--image-eval", "off",
-                 "--anticollapse", "sigreg", "--no-estimate"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"minialign replicate: error: {out}: holds runs trained with --anticollapse vicreg; "
-        f"--anticollapse sigreg needs its own results directory, e.g. --out {out}-sigreg "
-        f"(`make ... ANTICOLLAPSE=sigreg` uses one)"]
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+def test_two_directories_side_by_side(tiny, tmp_path, capsys):
+    a, b = copy(tiny, tmp_path, "a"), copy(tiny, tmp_path, "b")
+    path = report.write_side_by_side([a, b], tiny["embeddings"])
+    assert path == tmp_path / "compare_a_b.md"
+    text = path.read_text()
+    assert text in capsys.readouterr().out
+    results = runs.read_json(a / "results.json")
+    g = report.cells(results["objectives"]["good_views"]["mutual_knn"])[0]
+    assert "| row | mutual-kNN@10, a | mutual-kNN@10, b | R@1, a | R@1, b | paraphrase R@1, a | " \
+           "paraphrase R@1, b |" in text
+    assert f"| good_views | {g} | {g} |" in text
+    with pytest.raises(ValueError, match="given twice"):
+        report.write_side_by_side([a, a])
 
 
-def test_objectives_below_the_untrained_encoder_are_named():
-    ms = lambda mean: {"mean": mean, "std": 0.0}
-    results = {"untrained": {"bidirectional": {"objectives": ["good_views", "bad_views"],
-                                               "mutual_knn": ms(0.085), "R@1": ms(0.576)},
-                             "causal": {"objectives": ["next_token"], "mutual_knn": ms(0.079),
-                                        "R@1": None}},
-               "objectives": {"good_views": {"mutual_knn": ms(0.092), "R@1": ms(0.162)},
-                              "bad_views": {"mutual_knn": ms(0.040), "R@1": ms(0.022)},
-                              "next_token": {"mutual_knn": ms(0.053), "R@1": ms(0.048)}}}
-    assert report.below_untrained_lines(results) == [
-        "", "Below the untrained encoder: bad_views, next_token in mutual-kNN@10; good_views, "
-        "bad_views in R@1, caption → image. Training with these moved the text embeddings away "
-        "from an alignment the architecture already has at random initialisation; read every "
-        "gain against that row, not against chance."]
-    results["objectives"]["bad_views"] = results["objectives"]["next_token"] = {}
-    results["untrained"]["bidirectional"]["R@1"] = ms(0.1)
-    assert report.below_untrained_lines(results) == []
-
-
-def test_disagreeing_image_metrics_are_said():
-    """mutual-kNN and R@1 in another order, or one objective above its untrained encoder by one
-    metric and below it by the other: results.md says so; agreeing metrics: nothing."""
-    ms = lambda mean: {"mean": mean, "std": 0.0}
-    results = {"image": True,
-               "untrained": {"bidirectional": {"objectives": ["good_views"],
-                                               "mutual_knn": ms(0.04), "R@1": ms(0.06)},
-                             "causal": {"objectives": ["next_token"], "mutual_knn": ms(0.04),
-                                        "R@1": ms(0.05)}},
-               "objectives": {"good_views": {"mutual_knn": ms(0.07), "R@1": ms(0.03)},
-                              "next_token": {"mutual_knn": ms(0.03), "R@1": ms(0.01)}}}
-    line = report.disagreement_lines(results)[1]
-    assert line.startswith("The two image metrics disagree: both order the objectives "
-                           "good_views > next_token, but good_views is above the untrained "
-                           "encoder in mutual-kNN@10 and below it in R@1, caption → image. ")
-    assert "docs/results.md" in line
-    results["objectives"]["next_token"]["R@1"] = ms(0.04)          # R@1: the other order
-    assert "by mutual-kNN@10 the order is good_views > next_token; by R@1, caption → image the " \
-           "order is next_token > good_views; good_views is above" in report.disagreement_lines(
-               results)[1]
-    results["objectives"]["good_views"]["R@1"] = ms(0.08)          # both above, same order
-    results["objectives"]["next_token"]["R@1"] = ms(0.01)
-    assert report.disagreement_lines(results) == []
-    assert report.disagreement_lines({**results, "image": False}) == []
-
-
-# ---------------------------------------------------------------- is the lr search's pick resolved
-def test_pick_margin_and_its_words_by_hand():
-    """The chosen lr's score minus the best other finite one, against two standard errors of a
-    difference of two one-seed scores, 2 sqrt(2) x the seed grid's sample std (#29)."""
-    from minialign.machinery.experiment.report import pick_margin
-    from minialign.machinery.experiment.results_md import search_lines
-    search = {"lrs": [1e-3, 3e-3, 1e-2, 3e-2], "scores": [0.030, 0.050, 0.041, -math.inf],
-              "chosen": 3e-3}
-    # seed scores 0.030, 0.032, 0.034: sample std 0.002 -> noise 2 sqrt(2) 0.002 = 0.00566
-    got = pick_margin(search, [0.030, 0.032, 0.034, None])
-    assert got["margin"] == pytest.approx(0.050 - 0.041)              # not the diverged -inf
-    assert got["val_spread"] == pytest.approx(0.002)
-    close = pick_margin({**search, "scores": [0.030, 0.050, 0.045, None]}, [0.030, 0.032, 0.034])
-    assert close["margin"] == pytest.approx(0.005)
-    assert pick_margin(search, [0.03])["val_spread"] is None            # one seed: no spread
-    assert pick_margin({**search, "chosen": None}, [0.03, 0.04])["margin"] is None
-    assert pick_margin({**search, "scores": [None, 0.05, None, None]}, [0.03, 0.04])["margin"] is None
-    # every other lr diverged: nothing to beat, no margin (not +inf)
-    diverged = {**search, "scores": [-math.inf, 0.05, None, -math.inf]}
-    assert pick_margin(diverged, [0.03, 0.04])["margin"] is None
-    protocol = {"seeds": [0, 1, 2], "lr_min": 1e-3, "lr_max": 1e-2, "lr_per_decade": 2,
-                "max_extensions": 2}
-    results = {"protocol": protocol, "metric": "mutual_knn",
-               "lr_search": {"good_views": {**search, "interior": True, "todo": None, **got},
-                             "next_token": {**search, "interior": True, "todo": None, **close}}}
-    lines = search_lines(results)
-    row = {obj: next(l for l in lines if l.startswith(f"| {obj} |")) for obj in results["lr_search"]}
-    assert row["good_views"].endswith("| 3.00e-03 | yes | +0.009 (resolved: noise < 0.006) |")
-    assert row["next_token"].endswith(
-        "| 3.00e-03 | yes | +0.005 (not resolved: noise up to 0.006) |")
-    assert [l for l in lines if l.startswith("Not resolved")] == [next(
-        l for l in lines if l.startswith("Not resolved: next_token. Each lr is scored on one"))]
+def test_a_directory_without_protocol(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'protocol.json'}: no such file"):
+        report.write_report(tmp_path)
