@@ -173,6 +173,20 @@ def test_a_file_that_is_no_table(tmp_path):
         report.load_results(tmp_path)
 
 
+def test_the_published_column_only_beside_dinov2_scores():
+    results = {**table({"good_views": {k: [0.3, 0.34] for k in KEYS}}, ceiling=None),
+               "published": report.PUBLISHED, "lr_search": {"good_views": {
+                   "chosen": 1e-3, "test": {"mutual_knn": 0.33, "R@1": 0.09}}}}
+    md = report.main_table(results)
+    assert md[0] == ("| row | mutual-kNN@10 | per seed | published | R@1, caption → image | "
+                     "per seed | published | paraphrase R@1 |")
+    assert md[4] == ("| good_views | 0.320 ± 0.028 | 0.300, 0.340 | 0.320 | 0.320 ± 0.028 | "
+                     "0.300, 0.340 | 0.084 | 0.320 ± 0.028 |")
+    assert md[5] == ("| good_views, lr search (1.00e-03, seed 0) | 0.330 |  | 0.328 | 0.090 |  |  "
+                     "| - |")
+    assert "published" not in report.main_table({**results, "published": {}})[0]
+
+
 # ---------------------------------------------------------------- the lr search's pick
 def test_a_pick_is_resolved_by_the_noise_rule():
     """margin = the pick's val score - the best other finite one; noise = 2 sqrt(2) x the

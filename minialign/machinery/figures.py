@@ -1,8 +1,7 @@
 """The report's figures, 1600 x 900, drawn with Pillow from a results dict (report.collect):
-fig_alignment.png (test metrics per objective: bars at the seed mean, a dot per seed, the
-untrained encoder, chance, a world's ceiling, the published values), fig_curves.png (val
-metric against step), fig_lr_search.png (final val metric against lr), fig_scaling.png (a
-sweep: test metric against parameters)."""
+fig_alignment.png (test metrics per objective beside the untrained encoder, chance, a world's
+ceiling, the published values), fig_curves.png (val metric against step), fig_lr_search.png
+(final val metric against lr), fig_scaling.png (a sweep: test metric against parameters)."""
 import io
 import math
 
@@ -21,7 +20,7 @@ LABELS = {"mutual_knn": "mutual-kNN@10", "R@1": "R@1, caption → image",
 
 
 def colour(obj, objectives):
-    return COLOURS.get(obj) or OTHER[list(objectives).index(obj) % len(OTHER)]
+    return COLOURS.get(obj) or OTHER[list(objectives).index(obj) % 4]
 
 
 def font(size):
@@ -41,8 +40,7 @@ def ticks(lo, hi, n=5):
 
 
 def figure(title):
-    img = Image.new("RGB", SIZE, "white")
-    draw = ImageDraw.Draw(img)
+    draw = ImageDraw.Draw(img := Image.new("RGB", SIZE, "white"))
     draw.text((SIZE[0] // 2, 20), title, font=font(36), fill=INK, anchor="ma")
     return img, draw
 
@@ -157,9 +155,8 @@ def curves(results, path):
     n = {o: min(len(c["step"]) for c in cs) for o, cs in by_obj.items()}
     lines = {o: (cs[0]["step"][:n[o]], np.array([c[metric][:n[o]] for c in cs]))
              for o, cs in by_obj.items()}                    # (seeds, steps)
-    box = (140, 110, 1400, 760)
-    px = axes(draw, box, (0, steps), (0, 1.1 * max([float(v.max()) for _, v in lines.values()]
-                                                  + [1e-3])),
+    top = max([float(v.max()) for _, v in lines.values()] + [1e-3])
+    px = axes(draw, (140, 110, 1400, 760), (0, steps), (0, 1.1 * top),
               [(t, f"{t:g}") for t in ticks(0, steps, 6)], "training step")
     shade = Image.new("RGBA", SIZE, (0, 0, 0, 0))
     for obj, (x, v) in lines.items():
@@ -175,7 +172,7 @@ def curves(results, path):
         chance = results["chance"][metric]
         dashed(draw, px(0, chance), px(steps, chance))
         ends.append((px(steps, chance)[1], f"chance {chance:.3f}", INK))
-    labels_right(draw, box[2] + 10, ends)
+    labels_right(draw, 1410, ends)
     footer(draw, [(o, colour(o, lines)) for o in lines], "line: seed mean   shade: seed min..max")
     save(img, path)
 
@@ -215,8 +212,10 @@ def scaling(results, path):
     sizes = [s for s in results["sizes"] if s["params"]]
     params = [s["params"] for s in sizes] or [1e3, 1e6]
     xs = (min(params) / 10 ** 0.2, max(params) * 10 ** 0.2)
-    values = [v for s in sizes for o in objs for v in s["objectives"][o].get(metric, [])]
-    px = axes(draw, (140, 110, 1400, 720), xs, (0, 1.15 * max(values + [1e-3])),
+    values = [v for s in sizes for o in objs for v in s["objectives"][o].get(metric, [])] + [
+        results["chance"].get(metric, 0.0)]                 # the axis spans these, not from 0
+    lo, hi = min(values), max(values + [min(values) + 1e-3])
+    px = axes(draw, (140, 110, 1400, 720), xs, (lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo)),
               [(t, f"{t / 1e6:g}M" if t >= 1e6 else f"{t / 1e3:g}k") for t in
                (m * 10 ** e for e in range(2, 10) for m in (1, 2, 5)) if xs[0] <= t <= xs[1]],
               "parameters (log scale)", xlog=True)
@@ -228,6 +227,9 @@ def scaling(results, path):
         for p, v in points:
             for value in v:
                 dot(draw, px(p, value), 8, colour(obj, objs))
+    if metric in results["chance"]:
+        dashed(draw, px(xs[0], results["chance"][metric]), px(xs[1], results["chance"][metric]))
+        labels_right(draw, 1410, [(px(xs[1], results["chance"][metric])[1], "chance", INK)])
     t = results["trend"]
     draw.text((770, 805), "the good_views − next_token gap: " + t["verdict"] + (
         "" if t["slope"] is None else f" (slope {t['slope']:+.3f} ± {t['se']:.3f} per tenfold "
@@ -237,9 +239,8 @@ def scaling(results, path):
 
 
 def draw(results, out):
-    """Write the figures of `results` into the directory `out`: a sweep's fig_scaling.png; a
-    replicate directory's alignment and curves, and the lr search's when a run of it has a
-    score. Returns their names."""
+    """Write the figures of `results` into `out` (a sweep's scaling; alignment, curves, and the
+    lr search's once a run of it has a score); returns their names."""
     searched = any(isinstance(v, float) for s in results.get("lr_search", {}).values()
                    for v in s["scores"])
     names = (["scaling"] if "sizes" in results else

@@ -203,21 +203,21 @@ def gap_trend(points):
 
 # ---------------------------------------------------------------- results.md
 def protocol_line(results):
-    p = results["protocol"]
+    p, emb = results["protocol"], results["embeddings"]
     base, model = p["base"], p["base"]["model"]
-    words = "WordPiece" if base.get("tokenizer") == "wordpiece" else "word"
+    sizes = ", ".join(f"D={d} L={n}" for d, n in p.get("sizes") or [(model["d_model"],
+                                                                       model["n_layers"])])
     dtype = "" if model.get("dtype", "float32") == "float32" else f" in {model['dtype']}"
     world = f" (SYNTHETIC world {results['world']})" if results["world"] else ""
-    image = (f"; image embeddings `{results['embeddings']['path']}` "
-             f"({results['embeddings']['model']})" if results["embeddings"] else "")
+    image = f"; image embeddings `{emb['path']}` ({emb['model']})" if emb else ""
     return (f"{', '.join(p['objectives'])} x seeds {', '.join(map(str, p['seeds']))}: "
             f"{base['steps']} steps of {base['batch_photos']} photos (two captions each), lr "
-            f"{base['lr']:g} for every objective, encoder D={model['d_model']} "
-            f"L={model['n_layers']}{dtype}, {words} tokenizer, `--layers {model['layers']}`; "
-            f"captions `{base['captions']}`{world}{image}. Test split, mean ± sample std "
-            f"(ddof 1) over seeds; image metrics are means over the caption slots (R@1: "
-            f"caption → image after an orthogonal rotation fitted on the train photos); "
-            f"paraphrase R@1 is text-only.")
+            f"{base['lr']:g} for every objective, encoder {sizes}{dtype}, "
+            f"{'WordPiece' if base.get('tokenizer') == 'wordpiece' else 'word'} tokenizer, "
+            f"`--layers {model['layers']}`; captions `{base['captions']}`{world}{image}. Test "
+            f"split, mean ± sample std (ddof 1) over seeds; image metrics are means over the "
+            f"caption slots (R@1: caption → image after an orthogonal rotation fitted on the "
+            f"train photos); paraphrase R@1 is text-only.")
 
 
 def rows_of(results, picks=True):
