@@ -1,0 +1,415 @@
+"""The fast layer set: minialign/layers.py's names and signatures, arranged for speed.
+ModelConfig.layers = "fast" makes model.encode and objectives.next_token call these instead of
+layers.py's; tests/test_fast.py checks that outputs and gradients agree on ragged batches
+(float64 ~1e-10, float32 ~1e-4). Read layers.py first: it is the maths. What differs:
+
+  packed rows   token_rows sorts the captions by length, so each caption and each group of
+                equal-length captions is one contiguous slice of the (n, D) rows.
+  attention     per group of one length Tg: the group's rows reshape to (Bg, Tg, ...) views,
+                so nothing is computed on padding and no (B, T, T) grid is built.
+  pooling       a sum over each group's (Bg, Tg, D) rows, not a (B, n) matrix product.
+  fused passes  LayerNorm, GELU and the softmaxes run as in-place passes over one buffer, row
+                block by row block (a block stays in cache from pass to pass); sums along a
+                row or down a column are products with a ones vector (faster than np.sum).
+  the head      lm_head_forward -> cross_entropy -> lm_head_backward (next_token's three
+                calls) run as one pass over row blocks that never holds all (n, V) logits.
+  threads       set_threads(k) spreads the blocks over k threads. Every partition depends on
+                the shapes only and every sum over blocks is added in block order, so the
+                results are the same bits for any k.
+Every constant is a scalar of the array's dtype: float32 stays float32 (no float64 loop).
+"""
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from ..layers import GELU_A, GELU_C, LN_EPS
+
+GROUP = 64         # at most this many captions in one attention group
+BLOCK = 1 << 17    # elements per row block of an in-place chain (512 KB of float32)
+SPLITS = 4         # a linear layer's rows in this many chunks (x^T dy: one partial each)
+HEAD_ROWS = 512    # rows per block of the fused head
+CE_ROWS = 32       # rows per in-place cross-entropy pass (32 x V float32 stays in cache)
+_pool = None       # set_threads(k > 1)'s threads
+
+
+def set_threads(k):
+    """Run the blocks on k >= 1 threads from now on (1: on the calling thread). numpy's BLAS
+    should then run one thread each (OPENBLAS_NUM_THREADS=1), or the threads fight for cores."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown()
+    _pool = ThreadPoolExecutor(k) if k > 1 else None
+
+
+def run(task, blocks):
+    """task(i, start, stop) for each blocks[i] = (start, stop), on set_threads's threads, with
+    the caller's np.errstate. Each task writes only its own outputs; re-raises a task's error."""
+    if _pool is None or len(blocks) < 2:
+        for i, (s, e) in enumerate(blocks):
+            task(i, s, e)
+        return
+    err = np.geterr()
+
+    def one(i):
+        with np.errstate(**err):
+            task(i, *blocks[i])
+    list(_pool.map(one, range(len(blocks))))
+
+
+def row_blocks(n, rows):
+    """[(start, stop), ...]: n rows in blocks of `rows`, the last one shorter."""
+    return [(s, min(s + rows, n)) for s in range(0, n, rows)]
+
+
+def chunks(n):
+    """SPLITS near-equal row blocks of n rows (fewer if n is small)."""
+    return row_blocks(n, max(1, -(-n // SPLITS)))
+
+
+def chain_blocks(n, C):
+    """Row blocks of an in-place chain over (n, C) arrays: BLOCK elements each."""
+    return row_blocks(n, max(1, BLOCK // C))
+
+
+def _c(value, like):
+    """value as a scalar of like's dtype."""
+    return like.dtype.type(value)
+
+
+# ---------------------------------------------------------------- the rows of a batch
+class Group(NamedTuple):
+    """Bg captions of Tg tokens: the rows start:stop (Bg * Tg of them), so their (Bg, Tg, C)
+    grid is a reshape of those rows; first: the group's first caption in Rows.order."""
+    start: int
+    stop: int
+    first: int
+    Bg: int
+    Tg: int
+    bias: Optional[np.ndarray]   # causal: (Tg, Tg), 0 on and below the diagonal, -inf above
+
+
+class Rows(NamedTuple):
+    """layers.TokenRows's flat, pos, seq, mask and caption_rows (the same meaning) in the fast
+    order: captions shortest first (ties in batch order), each caption's tokens in order."""
+    flat: np.ndarray          # (n,) b * T + t of each row's token
+    pos: np.ndarray           # (n,) its position t
+    seq: np.ndarray           # (n,) its caption b
+    mask: np.ndarray          # (B, T) bool, True at real tokens
+    caption_rows: np.ndarray  # (n,) the row of each token of tokens[tokens != PAD], in order
+    order: np.ndarray         # (B,) the captions in row order
+    lengths: np.ndarray       # (B,) real tokens of order[i], ascending
+    groups: tuple             # Group, ...: every row in exactly one; no empty caption in any
+
+
+def token_rows(mask, causal, dtype):
+    """layers.token_rows in the fast order, with the attention groups: the captions of one
+    length in near-equal groups of at most GROUP. Returns a Rows."""
+    B, T = mask.shape
+    lengths = mask.sum(axis=1)                                            # (B,)
+    order = np.argsort(lengths, kind="stable")                            # (B,) short to long
+    i, pos = np.divmod(np.flatnonzero(mask[order]), T)                    # (n,), (n,)
+    seq = order[i]                                                        # (n,)
+    flat = seq * T + pos                                                  # (n,)
+    lengths = lengths[order]                                              # (B,) ascending
+    first_row = np.concatenate([[0], np.cumsum(lengths)])                 # (B + 1,)
+    groups = []
+    for Tg in map(int, np.unique(lengths[lengths > 0])):
+        a, b = np.searchsorted(lengths, [Tg, Tg + 1])                     # captions of length Tg
+        bias = np.triu(np.full((Tg, Tg), -np.inf, dtype), 1) if causal else None
+        for caps in np.array_split(np.arange(a, b), -(-(b - a) // GROUP)):
+            start = int(first_row[caps[0]])
+            groups.append(Group(start, start + len(caps) * Tg, int(caps[0]), len(caps), Tg, bias))
+    return Rows(flat, pos, seq, mask, np.argsort(flat, kind="stable"), order, lengths,
+                tuple(groups))
+
+
+# ---------------------------------------------------------------- per-token layers
+def embedding_forward(ids, weight):
+    """layers.embedding_forward: y = weight[ids]. ids: (n,) int; weight: (V, D)."""
+    return weight[ids], (ids, weight.shape)
+
+
+def embedding_backward(dy, cache):
+    """layers.embedding_backward as a segment sum over the rows sorted by id
+    (np.add.reduceat) instead of np.add.at's one small add per row."""
+    ids, shape = cache
+    dweight = np.zeros(shape, dtype=dy.dtype)                             # (V, D)
+    if len(ids):
+        order = np.argsort(ids, kind="stable")                            # (n,) by id
+        sorted_ids = ids[order]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # (u,)
+        dweight[sorted_ids[starts]] = np.add.reduceat(dy[order], starts, axis=0)
+    return dweight
+
+
+def linear_forward(x, w, b):
+    """layers.linear_forward on (n, D_in) rows: a GEMM per chunk of rows, the bias in place."""
+    y = np.empty((len(x), w.shape[1]), dtype=x.dtype)                     # (n, D_out)
+
+    def block(i, s, e):
+        np.matmul(x[s:e], w, out=y[s:e])
+        y[s:e] += b
+    run(block, chunks(len(x)))
+    return y, (x, w)
+
+
+def linear_backward(dy, cache):
+    """layers.linear_backward per chunk of rows: dx, and partials of dw = x^T dy and
+    db = 1^T dy, added in chunk order."""
+    x, w = cache
+    blocks = chunks(len(dy))
+    dx = np.empty((len(dy), w.shape[0]), dtype=dy.dtype)                  # (n, D_in)
+    parts = np.zeros((max(len(blocks), 1), w.shape[0] + 1, w.shape[1]), dy.dtype)  # dw | db
+    ones = np.ones(blocks[0][1] if blocks else 0, dy.dtype)
+
+    def block(i, s, e):
+        np.matmul(dy[s:e], w.T, out=dx[s:e])
+        np.matmul(x[s:e].T, dy[s:e], out=parts[i, :-1])
+        np.matmul(ones[:e - s], dy[s:e], out=parts[i, -1])
+    run(block, blocks)
+    total = parts.sum(axis=0)                                             # (D_in + 1, D_out)
+    return dx, total[:-1], total[-1]
+
+
+def layernorm_forward(x, gamma, beta, eps=LN_EPS):
+    """layers.layernorm_forward as one chain of in-place passes per row block (mean, centre,
+    variance, scale, gain, shift). x: (n, D). Returns y and a cache (xhat, inv_std, gamma)."""
+    n, D = x.shape
+    y, xhat = np.empty_like(x), np.empty_like(x)                          # (n, D), (n, D)
+    inv_std = np.empty((n, 1), dtype=x.dtype)                             # (n, 1)
+    inv_D, eps, ones = _c(1.0 / D, x), _c(eps, x), np.ones(D, x.dtype)
+
+    def block(i, s, e):
+        xb, xh, yb, st = x[s:e], xhat[s:e], y[s:e], inv_std[s:e]
+        np.matmul(xb, ones, out=st[:, 0])
+        st *= inv_D                                                       # mu
+        np.subtract(xb, st, out=xh)                                       # xc
+        np.multiply(xh, xh, out=yb)
+        np.matmul(yb, ones, out=st[:, 0])
+        st *= inv_D
+        st += eps
+        np.sqrt(st, out=st)
+        np.reciprocal(st, out=st)                                         # 1 / sqrt(var + eps)
+        xh *= st                                                          # xhat
+        np.multiply(xh, gamma, out=yb)
+        yb += beta
+    run(block, chain_blocks(n, D))
+    return y, (xhat, inv_std, gamma)
+
+
+def layernorm_backward(dy, cache):
+    """layers.layernorm_backward as one chain per row block; dgamma and dbeta one partial per
+    block, added in block order. dy: (n, D) -> dx (n, D), dgamma (D,), dbeta (D,)."""
+    xhat, inv_std, gamma = cache
+    n, D = xhat.shape
+    blocks = chain_blocks(n, D)
+    dx, t = np.empty_like(dy), np.empty_like(dy)                          # (n, D), (n, D)
+    m1, m2 = np.empty(n, dy.dtype), np.empty(n, dy.dtype)                 # (n,), (n,)
+    dgamma, dbeta = np.zeros((2, max(len(blocks), 1), D), dy.dtype)       # (P, D) partials
+    inv_D, ones_D, ones_r = _c(1.0 / D, dy), np.ones(D, dy.dtype), np.ones(BLOCK // D + 1, dy.dtype)
+
+    def block(i, s, e):
+        g, tb, xh, a, c = dx[s:e], t[s:e], xhat[s:e], m1[s:e], m2[s:e]
+        np.multiply(dy[s:e], xh, out=tb)
+        np.matmul(ones_r[:e - s], tb, out=dgamma[i])                      # forward: xhat gamma
+        np.matmul(ones_r[:e - s], dy[s:e], out=dbeta[i])                  # forward: + beta
+        np.multiply(dy[s:e], gamma, out=g)                                # g = d/dxhat
+        np.matmul(g, ones_D, out=a)
+        a *= inv_D                                                        # mean(g)
+        np.multiply(g, xh, out=tb)
+        np.matmul(tb, ones_D, out=c)
+        c *= inv_D                                                        # mean(g xhat)
+        np.multiply(xh, c[:, None], out=tb)
+        g -= a[:, None]
+        g -= tb
+        g *= inv_std[s:e]
+    run(block, blocks)
+    return dx, dgamma.sum(axis=0), dbeta.sum(axis=0)
+
+
+def gelu_forward(x):
+    """layers.gelu_forward with (1 + tanh(u)) / 2 written as the logistic 1 / (1 + exp(-2u))
+    (the same function; one exp costs less than a tanh), in place per row block:
+    y = x s, s = 1 / (1 + exp(-2 c (x + a x^3))). x: (n, F). Returns y and a cache (x, s)."""
+    s_all, y = np.empty_like(x), np.empty_like(x)                         # (n, F), (n, F)
+    ac2, c2, one = _c(-2.0 * GELU_A * GELU_C, x), _c(-2.0 * GELU_C, x), _c(1.0, x)
+
+    def block(i, s, e):
+        xb, u = x[s:e], s_all[s:e]
+        np.multiply(xb, xb, out=u)
+        u *= ac2
+        u += c2
+        u *= xb                                                           # -2u
+        with np.errstate(over="ignore"):                                  # exp -> inf: s = 0
+            np.exp(u, out=u)
+        u += one
+        np.reciprocal(u, out=u)                                           # s
+        np.multiply(xb, u, out=y[s:e])
+    run(block, chain_blocks(*x.shape))
+    return y, (x, s_all)
+
+
+def gelu_backward(dy, cache):
+    """layers.gelu_backward in the forward's s, with (1 - th^2) / 2 = 2 s (1 - s):
+    dx = dy [s + 2 x s (1 - s) c (1 + 3 a x^2)], in place per row block."""
+    x, s_all = cache
+    dx = np.empty_like(dy)                                                # (n, F)
+    ac6, c2, one = _c(6.0 * GELU_A * GELU_C, dy), _c(2.0 * GELU_C, dy), _c(1.0, dy)
+
+    def block(i, s, e):
+        xb, sb, d = x[s:e], s_all[s:e], dx[s:e]
+        t = one - sb
+        t *= sb                                                           # s (1 - s)
+        np.multiply(xb, xb, out=d)
+        d *= ac6
+        d += c2
+        d *= xb
+        d *= t
+        d += sb
+        d *= dy[s:e]
+    run(block, chain_blocks(*x.shape))
+    return dx
+
+
+# ---------------------------------------------------------------- attention, per group
+def group_heads(rows, Bg, n_heads):
+    """A group's rows (Bg * Tg, C) -> (Bg, n_heads, Tg, C / n_heads), head j reading columns
+    j C/n_heads : (j+1) C/n_heads (layers.split_heads): a view, so writing it writes the rows."""
+    C = rows.shape[1]
+    return rows.reshape(Bg, -1, n_heads, C // n_heads).transpose(0, 2, 1, 3)
+
+
+def attention_forward(x, w_qkv, b_qkv, w_o, b_o, rows, n_heads):
+    """layers.attention_forward one group of equal-length captions at a time: q, k, v are
+    views of the group's rows of x w_qkv + b_qkv, the softmax runs in place in one
+    (Bg, H, Tg, Tg) buffer, the merged heads are written straight into the rows of a.
+    x: (n, D) rows of token_rows(...) = rows. Returns y (n, D) and a cache."""
+    n, D = x.shape
+    H = n_heads
+    qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                          # (n, 3D)
+    a = np.empty((n, D), dtype=x.dtype)                                   # (n, D)
+    scale = _c(1.0 / math.sqrt(D // H), x)
+    probs = [np.empty((g.Bg, H, g.Tg, g.Tg), x.dtype) for g in rows.groups]
+
+    def group(i, s, e):
+        g, p = rows.groups[i], probs[i]                                   # p: (Bg, H, Tg, Tg)
+        heads = group_heads(qkv[s:e], g.Bg, 3 * H)                        # (Bg, 3H, Tg, Dh)
+        q, k, v = heads[:, :H], heads[:, H:2 * H], heads[:, 2 * H:]
+        np.matmul(q, k.swapaxes(-1, -2), out=p)
+        p *= scale
+        if g.bias is not None:
+            p += g.bias
+        p -= p.max(axis=-1, keepdims=True)                                # no overflow
+        np.exp(p, out=p)
+        p /= np.einsum("...ts->...t", p)[..., None]                       # softmax over keys s
+        np.matmul(p, v, out=group_heads(a[s:e], g.Bg, H))
+    run(group, [(g.start, g.stop) for g in rows.groups])
+    y, c_o = linear_forward(a, w_o, b_o)                                  # (n, D)
+    return y, (c_qkv, qkv, probs, scale, c_o, rows.groups, H)
+
+
+def attention_backward(dy, cache):
+    """dy: (n, D) -> dx (n, D), dw_qkv (D, 3D), db_qkv (3D,), dw_o (D, D), db_o (D,)."""
+    c_qkv, qkv, probs, scale, c_o, groups, H = cache
+    da, dw_o, db_o = linear_backward(dy, c_o)                             # (n, D)
+    dqkv = np.empty_like(qkv)                                             # (n, 3D)
+
+    def group(i, s, e):
+        g, p = groups[i], probs[i]
+        q, k, v = np.split(group_heads(qkv[s:e], g.Bg, 3 * H), 3, axis=1)  # (Bg, H, Tg, Dh)
+        dq, dk, dv = np.split(group_heads(dqkv[s:e], g.Bg, 3 * H), 3, axis=1)  # views, written
+        dag = group_heads(da[s:e], g.Bg, H)                               # (Bg, H, Tg, Dh)
+        np.matmul(p.swapaxes(-1, -2), dag, out=dv)
+        ds = dag @ v.swapaxes(-1, -2)                                     # (Bg, H, Tg, Tg) dprobs
+        ds -= np.einsum("...ts,...ts->...t", ds, p)[..., None]
+        ds *= p                                                           # dscores
+        ds *= scale
+        np.matmul(ds, k, out=dq)
+        np.matmul(ds.swapaxes(-1, -2), q, out=dk)
+    run(group, [(g.start, g.stop) for g in groups])
+    dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)                     # (n, D)
+    return dx, dw_qkv, db_qkv, dw_o, db_o
+
+
+# ---------------------------------------------------------------- pooling, a segment mean
+def pool_forward(h, rows):
+    """layers.pool_forward as each group's (Bg, Tg, D) rows summed over Tg, / Tg.
+    h: (n, D) rows. Returns z (B, D) in batch order (0 for an empty caption) and a cache."""
+    z = np.zeros((len(rows.order), h.shape[1]), dtype=h.dtype)            # (B, D) row order
+    for g in rows.groups:
+        zg = z[g.first:g.first + g.Bg]
+        np.sum(h[g.start:g.stop].reshape(g.Bg, g.Tg, -1), axis=1, out=zg)
+        zg /= _c(g.Tg, h)
+    out = np.empty_like(z)
+    out[rows.order] = z                                                   # (B, D) batch order
+    return out, rows
+
+
+def pool_backward(dz, cache):
+    """dz: (B, D) -> dh (n, D): each row gets its caption's dz / its length."""
+    rows = cache
+    full = rows.lengths > 0
+    n_b = rows.lengths[full]                                              # (B_full,)
+    return np.repeat(dz[rows.order[full]] / n_b.astype(dz.dtype)[:, None], n_b, axis=0)
+
+
+# ---------------------------------------------------------------- the tied head, fused with CE
+class TiedLogits(NamedTuple):
+    """lm_head_forward's logits hf @ tok_emb^T, not computed yet. hf: (n, D); tok_emb: (V, D)."""
+    hf: np.ndarray
+    tok_emb: np.ndarray
+
+
+class TiedGradients(NamedTuple):
+    """cross_entropy's dlogits, already through the head: dhf (n, D), dtok_emb (V, D)."""
+    dhf: np.ndarray
+    dtok_emb: np.ndarray
+
+
+def lm_head_forward(hf, tok_emb):
+    """layers.lm_head_forward, deferred: returns TiedLogits (cross_entropy computes them)."""
+    return TiedLogits(hf, tok_emb), None
+
+
+def cross_entropy(logits, targets):
+    """losses.cross_entropy fused with the tied head, on lm_head_forward's TiedLogits: per
+    block of HEAD_ROWS rows, logits = hf_b tok_emb^T, in place -> (softmax - onehot) / n
+    (CE_ROWS rows at a time), dhf_b = dlogits_b tok_emb, and dlogits_b^T hf_b, a partial of
+    dtok_emb (partials added in block order). -log softmax at the target is taken in float64.
+    Returns loss (float), TiedGradients as dlogits, stats {ce, targets (= n)}."""
+    hf, tok_emb = logits
+    n = len(hf)
+    if n == 0:
+        raise ValueError("cross_entropy over zero targets")
+    blocks = row_blocks(n, HEAD_ROWS)
+    nll = np.empty(n)                                                     # (n,) float64
+    dhf = np.empty_like(hf)                                               # (n, D)
+    partials = np.empty((len(blocks), *tok_emb.shape), hf.dtype)          # (P, V, D)
+    ones, inv_n = np.ones(len(tok_emb), hf.dtype), _c(1.0 / n, hf)        # (V,), 1/n
+
+    def block(b, s, e):
+        x = hf[s:e] @ tok_emb.T                                           # (r, V) logits
+        for i, j in row_blocks(e - s, CE_ROWS):
+            xi, t, r = x[i:j], targets[s + i:s + j], np.arange(j - i)     # (r', V), (r',)
+            xi -= xi.max(axis=1, keepdims=True)                           # no overflow
+            x_t = xi[r, t].astype(np.float64)
+            np.exp(xi, out=xi)
+            total = xi @ ones                                             # (r',) sum_v exp
+            nll[s + i:s + j] = np.log(total.astype(np.float64)) - x_t
+            xi *= (inv_n / total)[:, None]                                # softmax / n
+            xi[r, t] -= inv_n                                             # - onehot / n
+        np.matmul(x, tok_emb, out=dhf[s:e])                               # (r, D)
+        np.matmul(x.T, hf[s:e], out=partials[b])                          # (V, D)
+    run(block, blocks)
+    dtok_emb = np.empty_like(tok_emb)                                     # (V, D)
+    run(lambda i, s, e: np.sum(partials[:, s:e], axis=0, out=dtok_emb[s:e]),
+        row_blocks(len(tok_emb), HEAD_ROWS))
+    loss = float(nll.mean())
+    return loss, TiedGradients(dhf, dtok_emb), {"ce": loss, "targets": n}
+
+
+def lm_head_backward(dlogits, cache):
+    """layers.lm_head_backward: cross_entropy's TiedGradients are dhf, dtok_emb already."""
+    return dlogits.dhf, dlogits.dtok_emb
