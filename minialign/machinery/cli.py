@@ -230,6 +230,33 @@ def cmd_replicate(p, sweep=False):
     return run
 
 
+def cmd_evaluate(p):
+    from . import images
+    p.add_argument("--run", nargs="+", required=True, metavar="DIR", help="train run directories")
+    p.add_argument("--embeddings", help="image embeddings .npz: the image columns")
+    return lambda a: images.run_evaluate(a.run, a.embeddings) and None
+
+
+def cmd_report(p):
+    from . import report
+    p.add_argument("out", nargs="+", help="results directories (several: side by side)")
+    p.add_argument("--embeddings", help="image embeddings .npz (default: the one the grid "
+                   "recorded)")
+
+    def run(a):
+        path = (report.write_report(a.out[0], a.embeddings) if len(a.out) == 1 else
+                report.write_side_by_side(a.out, a.embeddings))
+        print(f"wrote {path}")
+    return run
+
+
+def cmd_compare(p):
+    from . import report
+    p.add_argument("results", help="a results directory or its results.json")
+    p.add_argument("--against", help="the table to agree with (default: docs/demo/results.json)")
+    return lambda a: int(not report.compare(a.results, a.against))
+
+
 COMMANDS = {
     "data": ("one-time: COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos",
              cmd_data),
@@ -241,6 +268,12 @@ COMMANDS = {
                   cmd_replicate),
     "scaling": ("the scaling sweep: encoder sizes x objectives x seeds",
                 lambda p: cmd_replicate(p, sweep=True)),
+    "evaluate": ("score train runs: text side, and image alignment given --embeddings",
+                 cmd_evaluate),
+    "report": ("write results.md, results.json and the figures of a results directory",
+               cmd_report),
+    "compare": ("does a results table agree with the repository's demo within the seeds' spread",
+                cmd_compare),
     "exercises": ("the course kit: a student copy with every exercise blanked", cmd_exercises),
     "grade": ("the course kit: each exercise's tests, one row each", cmd_grade),
 }
