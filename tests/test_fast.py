@@ -277,7 +277,7 @@ MUTANTS = {   # name: (text of fast.py, its replacement)
     "softmax backward without the row sum": ("ds -= np.einsum", "ds += 0 * np.einsum"),
     "dk from ds, not ds^T": ("np.matmul(ds.swapaxes(-1, -2), q", "np.matmul(ds, q"),
     "onehot not divided by n": ("xi[r, t] -= inv_n", "xi[r, t] -= 1"),
-    "dtok_emb from one head block": ("out=partials[b])", "out=partials[0])"),
+    "dtok_emb without the last chunk": ("partials.sum(axis=0)", "partials[:-1].sum(axis=0)"),
     "loss averaged over n + 1": ("float(nll.mean())", "float(nll.sum() / (n + 1))"),
     "db misses each chunk's last row": ("ones[:e - s], dy[s:e]", "ones[:e - s - 1], dy[s:e - 1]"),
     "a row's caption is its place in length order": ("seq = order[i]", "seq = i"),

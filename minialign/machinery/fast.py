@@ -29,7 +29,7 @@ from ..layers import GELU_A, GELU_C, LN_EPS
 GROUP = 64         # at most this many captions in one attention group
 BLOCK = 1 << 17    # elements per row block of an in-place chain (512 KB of float32)
 SPLITS = 4         # a linear layer's rows in this many chunks (x^T dy: one partial each)
-HEAD_ROWS = 512    # rows per block of the fused head
+HEAD_ROWS = 512    # rows of logits at a time in the fused head
 CE_ROWS = 32       # rows per in-place cross-entropy pass (32 x V float32 stays in cache)
 _pool = None       # set_threads(k > 1)'s threads
 
@@ -58,9 +58,9 @@ def run(task, blocks):
     list(_pool.map(one, range(len(blocks))))
 
 
-def row_blocks(n, rows):
-    """[(start, stop), ...]: n rows in blocks of `rows`, the last one shorter."""
-    return [(s, min(s + rows, n)) for s in range(0, n, rows)]
+def row_blocks(n, rows, start=0):
+    """[(start, stop), ...]: the rows start:n in blocks of `rows`, the last one shorter."""
+    return [(s, min(s + rows, n)) for s in range(start, n, rows)]
 
 
 def chunks(n):
@@ -376,38 +376,37 @@ def lm_head_forward(hf, tok_emb):
 def cross_entropy(logits, targets):
     """losses.cross_entropy fused with the tied head, on lm_head_forward's TiedLogits: per
     block of HEAD_ROWS rows, logits = hf_b tok_emb^T, in place -> (softmax - onehot) / n
-    (CE_ROWS rows at a time), dhf_b = dlogits_b tok_emb, and dlogits_b^T hf_b, a partial of
-    dtok_emb (partials added in block order). -log softmax at the target is taken in float64.
-    Returns loss (float), TiedGradients as dlogits, stats {ce, targets (= n)}."""
+    (CE_ROWS rows at a time), dhf_b = dlogits_b tok_emb and dtok_emb += dlogits_b^T hf_b, one
+    partial dtok_emb per chunk of rows (chunks), added in chunk order. -log softmax at the
+    target is taken in float64. Returns loss (float), TiedGradients as dlogits, stats
+    {ce, targets (= n)}."""
     hf, tok_emb = logits
     n = len(hf)
     if n == 0:
         raise ValueError("cross_entropy over zero targets")
-    blocks = row_blocks(n, HEAD_ROWS)
+    blocks = chunks(n)
     nll = np.empty(n)                                                     # (n,) float64
     dhf = np.empty_like(hf)                                               # (n, D)
-    partials = np.empty((len(blocks), *tok_emb.shape), hf.dtype)          # (P, V, D)
+    partials = np.zeros((len(blocks), *tok_emb.shape), hf.dtype)          # (SPLITS, V, D)
     ones, inv_n = np.ones(len(tok_emb), hf.dtype), _c(1.0 / n, hf)        # (V,), 1/n
 
-    def block(b, s, e):
-        x = hf[s:e] @ tok_emb.T                                           # (r, V) logits
-        for i, j in row_blocks(e - s, CE_ROWS):
-            xi, t, r = x[i:j], targets[s + i:s + j], np.arange(j - i)     # (r', V), (r',)
-            xi -= xi.max(axis=1, keepdims=True)                           # no overflow
-            x_t = xi[r, t].astype(np.float64)
-            np.exp(xi, out=xi)
-            total = xi @ ones                                             # (r',) sum_v exp
-            nll[s + i:s + j] = np.log(total.astype(np.float64)) - x_t
-            xi *= (inv_n / total)[:, None]                                # softmax / n
-            xi[r, t] -= inv_n                                             # - onehot / n
-        np.matmul(x, tok_emb, out=dhf[s:e])                               # (r, D)
-        np.matmul(x.T, hf[s:e], out=partials[b])                          # (V, D)
-    run(block, blocks)
-    dtok_emb = np.empty_like(tok_emb)                                     # (V, D)
-    run(lambda i, s, e: np.sum(partials[:, s:e], axis=0, out=dtok_emb[s:e]),
-        row_blocks(len(tok_emb), HEAD_ROWS))
+    def chunk(c, start, stop):
+        for s, e in row_blocks(stop, HEAD_ROWS, start):
+            x = hf[s:e] @ tok_emb.T                                       # (r, V) logits
+            for i, j in row_blocks(e, CE_ROWS, s):
+                xi, t, r = x[i - s:j - s], targets[i:j], np.arange(j - i)  # (r', V), (r',)
+                xi -= xi.max(axis=1, keepdims=True)                       # no overflow
+                x_t = xi[r, t].astype(np.float64)
+                np.exp(xi, out=xi)
+                total = xi @ ones                                         # (r',) sum_v exp
+                nll[i:j] = np.log(total.astype(np.float64)) - x_t
+                xi *= (inv_n / total)[:, None]                            # softmax / n
+                xi[r, t] -= inv_n                                         # - onehot / n
+            np.matmul(x, tok_emb, out=dhf[s:e])                           # (r, D)
+            partials[c] += x.T @ hf[s:e]                                  # (V, D)
+    run(chunk, blocks)
     loss = float(nll.mean())
-    return loss, TiedGradients(dhf, dtok_emb), {"ce": loss, "targets": n}
+    return loss, TiedGradients(dhf, partials.sum(axis=0)), {"ce": loss, "targets": n}
 
 
 def lm_head_backward(dlogits, cache):
