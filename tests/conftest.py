@@ -28,24 +28,21 @@ def real_captions_path():
     return shared(REAL_CAPTIONS)
 
 
-COLORS = ("red", "blue", "green", "yellow", "black", "white")
-THINGS = ("dog", "cat", "car", "bike", "horse", "bus", "kite", "boat")
-PLACES = ("park", "street", "beach", "kitchen", "field")
+WORDS = (("red", "blue", "green", "yellow", "black", "white"),     # a colour, a thing, a place
+         ("dog", "cat", "car", "bike", "horse", "bus", "kite", "boat"),
+         ("park", "street", "beach", "kitchen", "field"))
 TEMPLATES = ("a {c} {t} in the {p}", "there is a {c} {t} at the {p}", "the {p} with a {c} {t}",
              "A {t} , {c} , in a {p} .", "one {c} {t} near the {p}")
 
 
 def write_captions(path, n_photos=120, seed=0):
-    """A COCO captions JSON of n_photos made-up photos, five captions each, that share words
-    with each other (a colour, a thing, a place): small enough to train on in a second."""
+    """A COCO captions JSON of n_photos made-up photos, five captions each sharing a colour, a
+    thing and a place: small enough to train on in a second."""
     rng = np.random.default_rng(seed)
-    annotations = []
-    for p in range(n_photos):
-        c, t, pl = COLORS[rng.integers(6)], THINGS[rng.integers(8)], PLACES[rng.integers(5)]
-        for k, template in enumerate(TEMPLATES):
-            annotations.append({"id": 10 * p + k, "image_id": 3 * p + 7,
-                                "caption": template.format(c=c, t=t, p=pl)})
-    Path(path).write_text(json.dumps({"annotations": annotations}))
+    scenes = [[w[rng.integers(len(w))] for w in WORDS] for _ in range(n_photos)]
+    Path(path).write_text(json.dumps({"annotations": [
+        {"id": 10 * p + k, "image_id": 3 * p + 7, "caption": t.format(c=c, t=th, p=pl)}
+        for p, (c, th, pl) in enumerate(scenes) for k, t in enumerate(TEMPLATES)]}))
     return Path(path)
 
 
@@ -57,8 +54,7 @@ def captions(tmp_path_factory):
 
 @pytest.fixture
 def server():
-    """A local HTTP server (tests/localhttp.py): .files {name: bytes} to serve, .url, .requests
-    [(path, Range header)], .max_active, .delay."""
+    """A local HTTP server (tests/localhttp.py: .files, .url, .requests, .max_active, .delay)."""
     from localhttp import serve
     with serve() as srv:
         yield srv
@@ -76,8 +72,7 @@ def tls_cert(tmp_path_factory):
 
 @pytest.fixture
 def tls_server(tls_cert):
-    """The `server` fixture over HTTPS (.url https://127.0.0.1:PORT); clients do not trust
-    its certificate unless a test sets SSL_CERT_FILE to tls_cert[0]."""
+    """`server` over HTTPS: trusted by a client only if SSL_CERT_FILE is tls_cert[0]."""
     from localhttp import serve
     with serve(tls_cert) as srv:
         yield srv

@@ -4,9 +4,8 @@ import numpy as np
 
 
 def numerical_grad(f, x, eps=1e-6):
-    """Central-difference d f() / d x, every element; f reads x, which is nudged in place and
-    restored. x: float64 ndarray. Raises TypeError for anything else (x + 1e-6 in float32
-    rounds to a neighbouring float32; a copy would not be seen by f)."""
+    """Central-difference d f() / d x, every element; f reads x, nudged in place and restored.
+    TypeError unless x is a float64 ndarray (in float32, x + 1e-6 rounds to a neighbour)."""
     if not isinstance(x, np.ndarray) or x.dtype != np.float64:
         raise TypeError(f"gradient checks need a float64 ndarray, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}: build the inputs in float64")
@@ -32,9 +31,8 @@ def rel_err(a, b):
 
 def check_layer(forward, backward, inputs, dy_shape, rng, tol=1e-7):
     """backward(dy, cache) -> the gradients of forward(**inputs)'s float arrays in argument
-    order (one array or a tuple; later arguments, such as masks, are constants), each against
-    central differences of sum(y * dy), dy random of dy_shape. AssertionError naming the first
-    input whose relative error is >= tol, or whose gradient has the wrong shape."""
+    order (one array or a tuple; masks and sizes after them), each against central differences
+    of sum(y * dy), dy random: AssertionError naming the first with a relative error >= tol."""
     dy = rng.standard_normal(dy_shape)
     loss = lambda: np.sum(forward(**inputs)[0] * dy)
     grads = backward(dy, forward(**inputs)[1])

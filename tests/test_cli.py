@@ -65,7 +65,7 @@ def test_a_bad_flag_exits_2_naming_it(flag, value, tmp_path, capsys, captions):
     assert last.startswith("python -m minialign") and ": error: " in last and flag in last
 
 
-def test_exit_codes(tmp_path, capsys, captions, monkeypatch):
+def test_exit_codes(tmp_path, capsys, captions):
     assert train_cli(captions, tmp_path / "done") == 0
     assert json.loads((tmp_path / "done" / "metrics.json").read_text())["final"]["step"] == 2
     assert train_cli(captions, tmp_path / "done") == 2                  # not empty: refused
@@ -74,25 +74,19 @@ def test_exit_codes(tmp_path, capsys, captions, monkeypatch):
                      "--steps", "30") == 3
     assert capsys.readouterr().err.startswith(f"minialign train: {tmp_path / 'boom'}: diverged")
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(train, "train", interrupted)
-    assert train_cli(captions, tmp_path / "stopped") == 130
-    assert one_line(capsys) == ("minialign train: interrupted; rerun the same command to "
-                                "continue")
-
 
 @POSIX_SIGNALS
-def test_sigterm_stops_like_ctrl_c(tmp_path, capsys, captions, monkeypatch):
-    def terminated(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)                # as `kill` or a cluster would
-    monkeypatch.setattr(train, "train", terminated)
-    before = signal.getsignal(signal.SIGTERM)
+@pytest.mark.parametrize("signum, code, how", [(signal.SIGINT, 130, "interrupted"),
+                                               (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_and_sigterm_stop_with_the_resume_hint(signum, code, how, tmp_path, capsys,
+                                                      captions, monkeypatch):
+    monkeypatch.setattr(train, "train", lambda *a, **k: os.kill(os.getpid(), signum))
+    before = signal.getsignal(signal.SIGTERM)                # main installs its own handler
     try:
-        assert train_cli(captions, tmp_path / "run") == 143
+        assert train_cli(captions, tmp_path / "run") == code
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert one_line(capsys).startswith("minialign train: terminated")
+    assert one_line(capsys) == f"minialign train: {how}; rerun the same command to continue"
 
 
 @pytest.mark.parametrize("command", [None, *cli.COMMANDS])
@@ -106,8 +100,8 @@ def test_every_commands_help(command, capsys):
 
 
 def test_nothing_needs_a_python_newer_than_requires_python():
-    """vermin's static check of the package and its tests against pyproject's requires-python
-    (a dev tool: skipped without it); numpy 1.x and 2.x are checked by running (make test-oldest)."""
+    """vermin's static check of the package and tests against pyproject's requires-python (a
+    dev tool: skipped without it); numpy 1.x and 2.x are checked by running (make test-oldest)."""
     pytest.importorskip("vermin", reason="vermin is not installed (pip install -e '.[dev]')")
     root = Path(__file__).resolve().parents[1]
     oldest = re.search(r'^requires-python = ">=(3\.\d+)"$', (root / "pyproject.toml").read_text(),

@@ -15,18 +15,14 @@ def ann(ann_id, image_id, caption):
     return {"id": ann_id, "image_id": image_id, "caption": caption}
 
 
-def write(path, annotations):
-    path.write_text(json.dumps({"annotations": annotations}))
-    return path
-
-
 def test_load_captions_exactly(tmp_path):
-    path = write(tmp_path / "c.json", [
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"annotations": [
         ann(30, 1, "A dog  runs. "), ann(10, 1, "A brown dog\nplays."), ann(20, 1, "a dog runs."),
         *[ann(46 - k, 2, f"Photo two, caption {6 - k}") for k in range(7)],   # ids reversed
         ann(50, 3, "A cat."), ann(51, 3, "a cat. "), ann(52, 3, "   "),       # 1 distinct left
         ann(70, 4, ""), ann(71, 4, "A Caf\u0065\u0301 \u2019red\u2019"), ann(73, 4, " - "),
-        ann(72, 4, "A car that is red "), ann(60, 9, "A bird."), ann(61, 9, "Two birds.")])
+        ann(72, 4, "A car that is red "), ann(60, 9, "A bird."), ann(61, 9, "Two birds.")]}))
     caps = load_captions(path)
     assert caps.path == str(path)
     assert caps.image_ids.dtype == np.int64 and caps.image_ids.tolist() == [1, 2, 4, 9]

@@ -3,6 +3,7 @@ backward against central differences in float64 on ragged batches (one-token and
 captions, causal and not); forwards against values by hand or a loop written here, on inputs
 where the usual slips (unbiased LayerNorm variance, a global max in the softmax, a causal mask
 off by one) give other numbers; float32 in, float32 out."""
+import dataclasses
 import math
 
 import numpy as np
@@ -47,16 +48,6 @@ def test_layernorm_and_gelu_values_by_hand():
     # the tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     np.testing.assert_allclose(L.gelu_forward(np.array([1.0, 0.0, -1.0, -3.0]))[0],
                                [0.8411919906, 0.0, -0.1588080094, -0.0036373920], atol=1e-9)
-
-
-def test_embedding_and_mean_pool_values():
-    w = np.arange(12.0).reshape(4, 3)
-    y, cache = L.embedding_forward(np.array([3, 0, 3]), w)
-    np.testing.assert_array_equal(y, w[[3, 0, 3]])
-    np.testing.assert_array_equal(L.embedding_backward(np.ones((3, 3)), cache)[3], [2, 2, 2])
-    h = np.arange(10.0).reshape(5, 2)                     # rows of sequences 0, 0, 0, 1, (2 empty)
-    z, _ = L.mean_pool_forward(h, np.array([0, 0, 0, 1, 3]), 4)
-    np.testing.assert_allclose(z, [[2, 3], [6, 7], [0, 0], [8, 9]], rtol=1e-15)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -110,12 +101,7 @@ def test_attention_and_pool_on_rows_backward(causal):
                 (4, 3), rng)
 
 
-def test_token_rows_by_hand_and_attention_on_rows_is_the_grid():
-    rows = L.token_rows(RAGGED, causal=True, dtype=np.float64)
-    assert rows.flat.tolist() == [0, 1, 2, 4, 12, 13, 14, 15]            # b * 4 + t, batch order
-    assert rows.seq.tolist() == [0, 0, 0, 1, 3, 3, 3, 3]
-    assert rows.pos.tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
-    assert rows.bias.shape == (4, 1, 4, 4) and np.isfinite(rows.bias).any(axis=-1).all()
+def test_attention_on_rows_is_attention_on_the_grid():
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((4, 4, 4)), weights(rng, 4)
     for causal in (False, True):
@@ -134,23 +120,18 @@ def test_every_layer_keeps_the_dtype_and_writes_into_no_input(dtype):
              (L.layernorm_forward, L.layernorm_backward, (f(n, 4), f(4), f(4)), (n, 4)),
              (L.gelu_forward, L.gelu_backward, (f(n, 4),), (n, 4)),
              (L.embedding_forward, L.embedding_backward, (np.array([1, 1, 0]), f(3, 4)), (3, 4)),
-             (L.attention_forward, L.attention_backward,
-              (f(n, 4), *weights(rng, 4).values(), rows, 2), (n, 4)),
+             (L.attention_forward, L.attention_backward, (f(n, 4), f(4, 12), f(12), f(4, 4), f(4),
+                                                          rows, 2), (n, 4)),
              (L.pool_forward, L.pool_backward, (f(n, 4), rows), (4, 4)),
              (L.lm_head_forward, L.lm_head_backward, (f(n, 4), f(7, 4)), (n, 7))]
     for forward, backward, args, dy_shape in calls:
-        args = tuple(a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
-                     for a in args)
-        saved = [a.copy() for a in args if isinstance(a, np.ndarray)]
+        dy, arrays = f(*dy_shape), [a for a in args if isinstance(a, np.ndarray)]
+        saved = [a.copy() for a in (dy, *arrays)]
         y, cache = forward(*args)
-        dy = f(*dy_shape)
-        dy_saved = dy.copy()
         grads = backward(dy, cache)
-        for out in (y, *(grads if isinstance(grads, tuple) else (grads,))):
-            assert out.dtype == dtype, (forward.__name__, out.dtype)
-        assert np.array_equal(dy, dy_saved), backward.__name__
-        assert all(np.array_equal(a, s) for a, s in
-                   zip([a for a in args if isinstance(a, np.ndarray)], saved)), forward.__name__
+        assert {o.dtype for o in (y, *(grads if isinstance(grads, tuple) else (grads,)))} == \
+            {np.dtype(dtype)}, forward.__name__
+        assert all(np.array_equal(a, b) for a, b in zip((dy, *arrays), saved)), forward.__name__
 
 
 # ---------------------------------------------------------------- the encoder (model.py)
@@ -207,6 +188,19 @@ def test_a_caption_is_encoded_alone_whatever_its_batch_and_padding(causal):
         assert np.allclose(hf_cut[t], hf[t], rtol=1e-10, atol=1e-12) == (causal or t == 5)
 
 
+def test_encode_without_blocks_by_hand():
+    """No block: z is the mean over a caption's tokens of LayerNorm(tok_emb[token] + pos_emb[t]),
+    t = 0, 1, ... its position."""
+    rng = np.random.default_rng(8)
+    params, tokens = float64_params(ONE_BLOCK, rng), ragged_tokens(rng)   # blocks unread
+    z, _, _ = encode(params, tokens, dataclasses.replace(ONE_BLOCK, n_layers=0))
+    for b, n in enumerate(LENGTHS):
+        h = params["tok_emb"][tokens[b, :n]] + params["pos_emb"][:n]
+        hf = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5)
+        np.testing.assert_allclose(z[b], (hf * params["ln_f.gamma"] + params["ln_f.beta"]).mean(0),
+                                   rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_encode_keeps_the_configs_dtype(dtype):
     cfg = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=2, n_heads=2,
@@ -225,5 +219,10 @@ def test_default_encoder_size():
     params = init_params(ModelConfig(vocab_size=5814), np.random.default_rng(0))
     block = 256 * 768 + 768 + 256 * 256 + 256 + 256 * 1024 + 1024 + 1024 * 256 + 256 + 4 * 256
     assert param_count(params) == 5814 * 256 + 64 * 256 + 4 * block + 2 * 256
+    # N(0, 0.02^2); the two projections into the residual stream / sqrt(2 L); biases 0, gains 1
+    for name, std in [("tok_emb", 0.02), ("blocks.3.attn.w_qkv", 0.02), ("blocks.0.mlp.w_in", 0.02),
+                      ("blocks.2.attn.w_o", 0.02 / 8**0.5), ("blocks.1.mlp.w_out", 0.02 / 8**0.5)]:
+        assert abs(params[name].std() / std - 1) < 0.02, name
+    assert not params["blocks.0.mlp.b_in"].any() and (params["ln_f.gamma"] == 1).all()
     assert param_count(init_params(ModelConfig(vocab_size=30522, layers="reference"),
                                    np.random.default_rng(0))) == 10_989_568   # WordPiece

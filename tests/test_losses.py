@@ -44,8 +44,7 @@ def independent_vicreg(z_a, z_b, sim, var, cov):
     return sim * np.mean((z_a - z_b) ** 2) + var * (v(z_a) + v(z_b)) / 2 + cov * (c(z_a) + c(z_b))
 
 
-def unequal_pair(rng, N=5, D=4):
-    """Dimensions below and above the std target, non-zero means, rows of unequal norms."""
+def unequal_pair(rng, N=5, D=4):    # dimensions below and above the std target, means not 0
     scale, mean = np.array([0.3, 2.0, 0.8, 1.5, 0.5])[:D], np.array([1.0, -2, 0.5, 3, 0])[:D]
     z_a = rng.standard_normal((N, D)) * scale + mean
     return z_a, z_a + 0.5 * rng.standard_normal((N, D))

@@ -55,12 +55,10 @@ def test_savez_same_arrays_same_bytes_and_errors_name_the_file(tmp_path):
 
 
 def test_caption_files_and_slots(tmp_path):
-    slot = lambda n, D=3: (np.arange(n) * 7, np.ones((n, D), np.float16))
-    (tmp_path / "captions").mkdir()
+    slots = {f"slot{s}_{k}": (np.arange(n) * 7 if k == "image_ids" else np.ones((n, 3), np.float16))
+             for s, n in enumerate((4, 4, 2)) for k in ("image_ids", "z")}
     for name in ("val_step00010.npz", "val_step00003.npz", "test_step00003.npz", "val_x.npz"):
-        (ids0, z0), (ids1, z1), (ids2, z2) = slot(4), slot(4), slot(2)
-        runs.savez(tmp_path / "captions" / name, slot0_image_ids=ids0, slot0_z=z0,
-                   slot1_image_ids=ids1, slot1_z=z1, slot2_image_ids=ids2, slot2_z=z2)
+        runs.savez(tmp_path / "captions" / name, **slots)
     found = runs.caption_files(tmp_path, "val")
     assert list(found) == [3, 10] and found[10].name == "val_step00010.npz"
     slots = runs.load_caption_slots(found[3])
@@ -94,7 +92,7 @@ def test_the_lock_refuses_a_second_process_in_one_line_until_the_first_dies(tmp_
     from minialign.__main__ import main
     run = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE,
-                              text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              text=True, cwd=ROOT)                   # imports ./minialign
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(runs.Locked) as err:

@@ -4,7 +4,6 @@ never stopped, in float32 and float64; refusals before anything is written; the 
 Python encoder API (runs.load_model, runs.embed_captions)."""
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import POSIX_SIGNALS
+from conftest import POSIX_SIGNALS, write_captions
 
 from minialign.checkpoint import Diverged
 from minialign.data import load_captions, sample_batch
 from minialign.machinery import runs
 from minialign.model import ModelConfig, init_params
 from minialign.objectives import OBJECTIVES
-from minialign.optim import adam_init, adam_step, clip_grad_norm
+from minialign.optim import adam_init, adam_step, clip_grad_norm, lr_at
 from minialign.train import TrainConfig, prepare, train, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +33,8 @@ def config(captions, **changes):
 
 
 def files(run):
-    """Every file of a run, bytes, but what holds wall times: of those, the log without its
-    "seconds", the metrics' evaluations, the checkpoint's arrays, step, Adam t and streams."""
+    """A run's files' bytes; of those with wall times: the log less "seconds", the evaluations,
+    the checkpoint's arrays, step, Adam t and streams."""
     timed = (".lock", "checkpoint.npz", "log.jsonl", "metrics.json")
     out = {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
            if p.is_file() and p.name not in timed}
@@ -74,6 +73,9 @@ def test_a_stopped_run_resumes_to_the_same_bits(whole, tmp_path, kind, stops):
         assert [r["step"] for r in files(run)["log"]] == list(range(1, stop + 1))
     train(cfg, run, resume=True, progress=False)
     assert files(run) == files(reference)
+    evals, final = files(run)["metrics"]                       # the curve: evals, then final
+    assert [e["step"] for e in evals] == [0, 3, 6] and final["step"] == 8
+    assert [r["lr"] for r in files(run)["log"]] == [lr_at(s, 1e-3, 2, 8, 0.1) for s in range(8)]
     weights = runs.load_npz(run / "model.npz")
     assert weights["tok_emb"].dtype == np.dtype("float64" if kind == "f64" else "float32")
     with np.load(run / "checkpoint.npz") as ckpt:
@@ -101,7 +103,7 @@ def test_a_run_killed_by_sigkill_resumes_to_the_same_bits(whole, tmp_path):
             "--warmup-steps", "2", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
             "--max-len", "16"]
     child = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, *argv], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             stdout=subprocess.DEVNULL)                # imports ./minialign
     log = tmp_path / "run" / "log.jsonl"
     while child.poll() is None and not (log.is_file() and log.read_bytes().count(b"\n") > 7):
         time.sleep(0.02)                                     # killed once past step 7
@@ -123,9 +125,7 @@ def test_refusals_before_anything_is_written(whole, captions, tmp_path):
         train(cfg, tmp_path / "cut", progress=False)
     assert files(tmp_path / "cut") == before
     before = files(reference)
-    short = tmp_path / "short.json"                          # 10 photos: no split of 3 each
-    short.write_text(json.dumps({"annotations": [{"id": i, "image_id": i // 2, "caption":
-                                                  f"photo {i // 2} caption {i}"} for i in range(20)]}))
+    short = write_captions(tmp_path / "short.json", n_photos=10)   # no split of 3 photos each
     for bad in (dataclasses.replace(cfg, captions=str(short)),
                 dataclasses.replace(cfg, batch_photos=73)):   # the train split has 72 photos
         with pytest.raises(ValueError, match=rf"^{bad.captions}: "):
@@ -136,9 +136,12 @@ def test_refusals_before_anything_is_written(whole, captions, tmp_path):
     with pytest.raises(Diverged, match=rf"^{tmp_path / 'run'}: diverged at step"):
         train(boom, tmp_path / "run", progress=False)
     assert runs.read_json(tmp_path / "run" / "diverged.json")["step"] >= 1
+    touched = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns)
+                       for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    before_resume = touched()
     with pytest.raises(Diverged, match=rf"^{tmp_path / 'run'}: diverged"):
         train(boom, tmp_path / "run", resume=True, progress=False)
-    assert not (tmp_path / "run" / "model.npz").exists()
+    assert touched() == before_resume and not (tmp_path / "run" / "model.npz").exists()
     train(cfg, tmp_path / "run", force=True, progress=False)   # --force starts it over
     assert files(tmp_path / "run") == before
 
@@ -166,9 +169,10 @@ def test_train_step_is_the_objective_clipping_and_adamw(captions):
 
 
 def test_the_python_encoder_api(whole, captions):
-    cfg, run = whole["f32"]
+    """A next_token run: embed_captions encodes with the causal attention it trained with."""
+    cfg, run = whole["f64"]
     params, loaded, tok = runs.load_model(run)
-    assert loaded.objective == "bad_views" and loaded.model.vocab_size == tok.vocab_size
+    assert loaded.objective == "next_token" and loaded.model.vocab_size == tok.vocab_size
     assert params["tok_emb"].shape == (tok.vocab_size, 16)
     ids, z_saved = runs.load_caption_slots(runs.caption_files(run, "test")[8])[0]
     texts = dict(zip(load_captions(captions).image_ids, load_captions(captions).captions))

@@ -20,8 +20,7 @@ TRAPEZOID = getattr(np, "trapezoid", None) or np.trapz      # numpy 2 renamed tr
 
 
 def epps_pulley_direct(x, t_max, n_points):
-    """N integral_{-t_max}^{t_max} |ECF(t) - e^{-t^2/2}|^2 e^{-t^2/2} dt with complex exponentials,
-    the whole symmetric grid and numpy's trapezoid rule. x: (N,) one projection."""
+    """N int_{-t_max}^{t_max} |ECF(t) - e^{-t^2/2}|^2 e^{-t^2/2} dt, complex, on the whole grid."""
     t = np.linspace(-t_max, t_max, 2 * n_points - 1)
     ecf = np.exp(1j * np.outer(x, t)).mean(axis=0)
     return len(x) * TRAPEZOID(np.abs(ecf - np.exp(-t**2 / 2)) ** 2 * np.exp(-t**2 / 2), t)
