@@ -1,5 +1,9 @@
 """python -m minialign COMMAND --help: the command line is machinery/cli.py."""
+import os
 import sys
+
+for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(name, "1")   # before numpy: the fast path's row blocks use the cores
 
 try:
     from .machinery.cli import main

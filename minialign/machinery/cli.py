@@ -4,6 +4,7 @@ written. Exit codes: 0 done, 1 a table that does not agree or an exercise not pa
 input, 3 a run diverged, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 
@@ -20,6 +21,10 @@ def at_least(low, kind=int):
             raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
         return value
     return parse
+
+
+def cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def fraction(text):
@@ -81,6 +86,8 @@ def cmd_train(p):
     add_config_flags(p, skip=("objective", "captions"))
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--force", action="store_true", help="start the run in --out over")
+    p.add_argument("--threads", type=at_least(1), default=cores(),
+                   help="threads of the fast layer set (default: this machine's cores)")
 
     def run(args):
         from ..train import prepare, train
@@ -88,6 +95,9 @@ def cmd_train(p):
         if args.resume and args.force:
             raise ValueError("pass --resume or --force, not both")
         cfg = config_from_args(args)
+        if cfg.model.layers == "fast":
+            from . import fast
+            fast.set_threads(args.threads)
         prepare(cfg)                                   # every input checked before --out
         with lock(args.out):
             train(cfg, args.out, resume=args.resume, force=args.force)
@@ -232,9 +242,10 @@ def cmd_replicate(p, sweep=False):
 
 def cmd_evaluate(p):
     from . import images
-    p.add_argument("--run", nargs="+", required=True, metavar="DIR", help="train run directories")
+    p.add_argument("--run", nargs="+", required=True, metavar="DIR", dest="runs",
+                   help="train run directories")
     p.add_argument("--embeddings", help="image embeddings .npz: the image columns")
-    return lambda a: images.run_evaluate(a.run, a.embeddings) and None
+    return lambda a: images.run_evaluate(a.runs, a.embeddings) and None
 
 
 def cmd_report(p):

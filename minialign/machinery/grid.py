@@ -302,9 +302,11 @@ def child_env():
 
 
 def train_argv(cfg, run_dir):
-    """`python -m minialign train ... --out RUN_DIR --resume`: objective, captions, seed, lr
+    """`python -m minialign train ... --out RUN_DIR --resume --threads 1` (one run per core):
+    objective, captions, seed, lr
     and every field that differs from TrainConfig's defaults (floats by repr, exact)."""
-    argv = [sys.executable, "-m", "minialign", "train", "--out", str(run_dir), "--resume"]
+    argv = [sys.executable, "-m", "minialign", "train", "--out", str(run_dir), "--resume",
+            "--threads", "1"]
     always = ("objective", "captions", "seed", "lr")
     for owner, default in ((cfg, TrainConfig()), (cfg.model, TrainConfig().model),
                            (cfg.loss, TrainConfig().loss)):
