@@ -139,17 +139,18 @@ def evaluate(params, cfg, data, out, step, splits):
     return entry
 
 
-def train(cfg, out, resume=False, force=False, progress=None, stop_after=None):
+def train(cfg, out, resume=False, force=False, progress=None, stop_after=None, data=None):
     """Train one run into directory `out` and return its metrics dict. resume: continue the
     run in `out` from its checkpoint (a finished run: its metrics); force: start `out` over;
     progress: a tqdm bar (True), plain lines (False), by terminal (None); stop_after: stop as
-    if killed after this many steps (tests). Inputs are checked before `out` is written."""
+    if killed after this many steps (tests); data: prepare(cfg), if already made. Inputs are
+    checked before `out` is written."""
     out = Path(out)
     if resume and (out / "metrics.json").is_file():
         metrics = json.loads((out / "metrics.json").read_text())
         if "final" in metrics:
             return metrics
-    data = prepare(cfg)
+    data = data or prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
     saved = config_json(cfg, data)
@@ -212,7 +213,7 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None):
     final = evaluate(params, cfg, data, out, cfg.steps, ("val", "test", "train"))
     wall = time.perf_counter() - t_start
     metrics.update(final=final, wall_seconds=wall, ms_per_step=1000 * wall / cfg.steps)
-    record(metrics, final, out)
+    record(metrics, final, out)                         # the last evaluation, and "final"
     print(f"[{cfg.objective}] done: test paraphrase R@1 {final['test']['paraphrase_R@1']:.3f} "
           f"(chance {final['test']['chance']:.3f})", flush=True)
     return metrics
@@ -231,6 +232,5 @@ def config_json(cfg, data):
 
 
 def record(metrics, entry, out):
-    if "final" not in metrics:
-        metrics["evals"].append(entry)
+    metrics["evals"].append(entry)
     write_json(out / "metrics.json", metrics)

@@ -1,7 +1,6 @@
-"""Training (minialign/train.py, checkpoint.py): one step is the objective, clipping and AdamW;
-a run stopped (stop_after, or kill -9 of its process) and resumed ends bit-identical to one
-never stopped, in float32 and float64; refusals before anything is written; the README's
-Python encoder API (runs.load_model, runs.embed_captions)."""
+"""Training (train.py, checkpoint.py): a run stopped (stop_after, kill -9) and resumed ends
+bit-identical to one never stopped, float32 and float64; refusals before anything is written;
+one step; the vocabulary; the README's Python encoder API (runs.load_model, embed_captions)."""
 import dataclasses
 import json
 import signal
@@ -16,6 +15,7 @@ from conftest import POSIX_SIGNALS, write_captions
 
 from minialign.checkpoint import Diverged
 from minialign.data import load_captions, sample_batch
+from minialign.metrics import paraphrase_r_at_1
 from minialign.machinery import runs
 from minialign.model import ModelConfig, init_params
 from minialign.objectives import OBJECTIVES
@@ -74,7 +74,7 @@ def test_a_stopped_run_resumes_to_the_same_bits(whole, tmp_path, kind, stops):
     train(cfg, run, resume=True, progress=False)
     assert files(run) == files(reference)
     evals, final = files(run)["metrics"]                       # the curve: evals, then final
-    assert [e["step"] for e in evals] == [0, 3, 6] and final["step"] == 8
+    assert [e["step"] for e in evals] == [0, 3, 6, 8] and final["step"] == 8
     assert [r["lr"] for r in files(run)["log"]] == [lr_at(s, 1e-3, 2, 8, 0.1) for s in range(8)]
     weights = runs.load_npz(run / "model.npz")
     assert weights["tok_emb"].dtype == np.dtype("float64" if kind == "f64" else "float32")
@@ -146,6 +146,15 @@ def test_refusals_before_anything_is_written(whole, captions, tmp_path):
     assert files(tmp_path / "run") == before
 
 
+def test_the_vocabulary_is_the_train_photos_words(tmp_path):
+    rows = [{"id": 2 * p + k, "image_id": p, "caption": f"photo{p} caption {k}"}
+            for p in range(20) for k in (0, 1)]                 # a word of its own per photo
+    (tmp_path / "c.json").write_text(json.dumps({"annotations": rows}))
+    data = prepare(TrainConfig(captions=str(tmp_path / "c.json"), batch_photos=2))
+    assert set(data["tokenizer"].vocab[5:]) == {"caption", "0", "1"} | {
+        f"photo{p}" for p in data["captions"].image_ids[data["split"]["train"]]}
+
+
 def test_train_step_is_the_objective_clipping_and_adamw(captions):
     cfg = config(captions)
     data = prepare(cfg)
@@ -174,7 +183,10 @@ def test_the_python_encoder_api(whole, captions):
     params, loaded, tok = runs.load_model(run)
     assert loaded.objective == "next_token" and loaded.model.vocab_size == tok.vocab_size
     assert params["tok_emb"].shape == (tok.vocab_size, 16)
-    ids, z_saved = runs.load_caption_slots(runs.caption_files(run, "test")[8])[0]
+    slots = runs.load_caption_slots(runs.caption_files(run, "test")[8])   # metrics read them
+    assert runs.read_metrics(run)["final"]["test"]["paraphrase_R@1"] == \
+        paraphrase_r_at_1(slots[0][1], slots[1][1])
+    ids, z_saved = slots[0]
     texts = dict(zip(load_captions(captions).image_ids, load_captions(captions).captions))
     z = runs.embed_captions(run, [texts[i][0].upper() + "  " for i in ids])   # raw: cleaned
     assert z.dtype == np.float32 and z.shape == z_saved.shape

@@ -98,9 +98,9 @@ def cmd_train(p):
         if cfg.model.layers == "fast":
             from . import fast
             fast.set_threads(args.threads)
-        prepare(cfg)                                   # every input checked before --out
+        data = prepare(cfg)                            # every input checked before --out
         with lock(args.out):
-            train(cfg, args.out, resume=args.resume, force=args.force)
+            train(cfg, args.out, resume=args.resume, force=args.force, data=data)
     return run
 
 
