@@ -1,6 +1,5 @@
-"""The command line (minialign/machinery/cli.py): a bad input is one line naming the file and
-exit 2 before anything is written; a bad flag exits 2 naming the flag; 0 done, 3 diverged,
-130 Ctrl-C, 143 SIGTERM; every command's --help."""
+"""The command line (machinery/cli.py): a bad input is one line naming the file, exit 2, before
+anything is written; a bad flag exits 2; 0 done, 3 diverged, 130, 143; every --help."""
 import json
 import os
 import re
@@ -70,6 +69,7 @@ def test_exit_codes(tmp_path, capsys, captions):
     assert json.loads((tmp_path / "done" / "metrics.json").read_text())["final"]["step"] == 2
     assert train_cli(captions, tmp_path / "done") == 2                  # not empty: refused
     assert "not empty" in one_line(capsys)
+    assert train_cli(captions, tmp_path / "done", "--force") == 0
     assert train_cli(captions, tmp_path / "boom", "--lr", "1e6", "--grad-clip", "0",
                      "--steps", "30") == 3
     assert capsys.readouterr().err.startswith(f"minialign train: {tmp_path / 'boom'}: diverged")

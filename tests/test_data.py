@@ -1,6 +1,5 @@
-"""Captions -> split -> token tables -> batches (minialign/data.py): the loader exactly, its
-errors as one line naming the file, the split by photo, the sampler's pairs; the real COCO
-val2017 file (../shared) pinned where a silent change would change every number."""
+"""Captions -> split -> tables -> batches (data.py): the loader and its one-line errors, the split
+by photo, the sampler's pairs; the real val2017 file (../shared) pinned where it matters."""
 import json
 
 import numpy as np
@@ -92,18 +91,19 @@ def test_tokenize_photos_layout():
 
 def test_sample_batch_pairs_two_different_captions_of_each_photo():
     caps, tok, table = toy_table()
-    batch = sample_batch(table, 12, np.random.default_rng(3))
-    assert batch.photos.dtype == np.int64 and len(np.unique(batch.photos)) == 12
-    assert batch.tokens_a.dtype == batch.tokens_b.dtype == np.int32
-    for i, p in enumerate(batch.photos):
-        texts = caps.captions[table.photo_idx[p]]
-        a, b = tok.decode(batch.tokens_a[i]), tok.decode(batch.tokens_b[i])
-        assert a in texts and b in texts and a != b
-    tokens = np.concatenate([batch.tokens_a, batch.tokens_b])
-    lengths = (tokens != PAD).sum(axis=1)
-    assert tokens.shape[1] == lengths.max()                  # cut to the batch's longest
-    assert all((row[n:] == PAD).all() and row[n - 1] == EOS for row, n in zip(tokens, lengths))
-    again = sample_batch(table, 12, np.random.default_rng(3))
+    for seed in range(10):
+        batch = sample_batch(table, 12, np.random.default_rng(seed))
+        assert batch.photos.dtype == np.int64 and len(np.unique(batch.photos)) == 12
+        assert batch.tokens_a.dtype == batch.tokens_b.dtype == np.int32
+        for i, p in enumerate(batch.photos):
+            texts = caps.captions[table.photo_idx[p]]
+            a, b = tok.decode(batch.tokens_a[i]), tok.decode(batch.tokens_b[i])
+            assert a in texts and b in texts and a != b
+        tokens = np.concatenate([batch.tokens_a, batch.tokens_b])
+        lengths = (tokens != PAD).sum(axis=1)
+        assert tokens.shape[1] == lengths.max()              # cut to the batch's longest
+        assert all((r[n:] == PAD).all() and r[n - 1] == EOS for r, n in zip(tokens, lengths))
+    again = sample_batch(table, 12, np.random.default_rng(9))
     assert np.array_equal(again.tokens_b, batch.tokens_b)    # all randomness from rng
     for bad in (0, 19):
         with pytest.raises(ValueError, match="batch_photos"):

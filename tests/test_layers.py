@@ -1,8 +1,6 @@
-"""The reference layers (minialign/layers.py) and the encoder written in them (model.py): every
-backward against central differences in float64 on ragged batches (one-token and empty
-captions, causal and not); forwards against values by hand or a loop written here, on inputs
-where the usual slips (unbiased LayerNorm variance, a global max in the softmax, a causal mask
-off by one) give other numbers; float32 in, float32 out."""
+"""The reference layers (layers.py) and the encoder in them (model.py): every backward against
+central differences in float64 on ragged batches (one-token and empty captions, causal or not);
+forwards by hand or against a loop, where the usual slips give other numbers; dtype kept."""
 import dataclasses
 import math
 

@@ -1,7 +1,6 @@
-"""VICReg and cross-entropy (minialign/losses.py): values by hand and against numpy's own var and
-cov, on inputs that separate the formula from its neighbours (non-zero means, unequal norms,
-D >= 3, N = 3 so N and N - 1 differ, dimensions on both sides of the hinge, logits far apart
-within and across rows); gradients by central differences in float64; dtype kept."""
+"""VICReg and cross-entropy (losses.py) by hand and against numpy's var and cov, on inputs that
+separate the formula from its neighbours (means not 0, D >= 3, N = 3, both sides of the hinge,
+logits far apart within and across rows); gradients by central differences; dtype kept."""
 import math
 
 import numpy as np

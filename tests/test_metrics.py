@@ -1,6 +1,5 @@
-"""Metrics (minialign/metrics.py): exact values on small hand-made inputs with ties and
-duplicated rows, rank-deficient rotations, float32 inputs scored as float64, and the collapse
-verdict of a run that collapses."""
+"""Metrics (metrics.py): exact values on small inputs with ties and duplicated rows, rank-deficient
+rotations, float32 scored as float64, and the verdict of a run that collapses."""
 import numpy as np
 import pytest
 

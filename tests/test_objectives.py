@@ -1,6 +1,5 @@
-"""The three objectives (minialign/objectives.py) and one a user writes: every gradient of the
-whole model against central differences in float64; how each builds its pair or its targets;
-mask_words and next_token_targets by hand; the README's code block is the file."""
+"""The three objectives (objectives.py) and one a user writes: every gradient end to end in
+float64; pairs and targets; mask_words, next_token_targets; the README's block is the file."""
 import dataclasses
 import json
 import re
@@ -59,8 +58,7 @@ def cosine_views(params, batch, cfg, rng):
 
 
 @pytest.fixture
-def registered(monkeypatch):
-    """The two lines that register an objective, for one test."""
+def registered(monkeypatch):                      # the two lines that register an objective
     monkeypatch.setitem(objectives.OBJECTIVES, "cosine_views", cosine_views)
     monkeypatch.setitem(objectives.CAUSAL, "cosine_views", False)
 

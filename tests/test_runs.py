@@ -1,6 +1,5 @@
-"""A run's files (minialign/machinery/runs.py, checkpoint.py): atomic writes, the same arrays
-as the same bytes, errors as one line naming the file, the OS lock against a second process;
-and the core's one reach into the machinery."""
+"""A run's files (machinery/runs.py, checkpoint.py): atomic writes, same arrays same bytes,
+one-line errors naming the file, the OS lock; the core's one reach into the machinery."""
 import ast
 import os
 import signal
@@ -111,8 +110,8 @@ def test_the_lock_refuses_a_second_process_in_one_line_until_the_first_dies(tmp_
 
 
 def test_the_core_reaches_into_the_machinery_once_and_guarded():
-    """minialign/*.py (but the entry point, __main__.py) import nothing from the machinery but
-    model.py's fast layer set, inside a try whose ImportError falls back to layers.py."""
+    """minialign/*.py but __main__.py import from the machinery only model.py's fast layers,
+    in a try whose ImportError falls back to layers.py."""
     reaches = []
     for path in sorted(set((ROOT / "minialign").glob("*.py")) - {ROOT / "minialign/__main__.py"}):
         tree = ast.parse(path.read_text())

@@ -1,7 +1,6 @@
-"""The named variants (minialign/machinery/variants.py): SIGReg against a direct complex sum and
-by hand, drop_words by hand, each variant's gradient end to end against central differences
-in float64, and the variant machinery giving the three objectives' own numbers when it varies
-nothing."""
+"""The named variants (machinery/variants.py): SIGReg against a direct complex sum and by hand,
+drop_words, each variant's gradient end to end in float64, and a variant that varies nothing
+giving the three objectives' own numbers."""
 import math
 
 import numpy as np
