@@ -1,24 +1,20 @@
 """Image scores of a run: its saved caption embeddings against ONE image-embeddings file.
 
-Scores are computed when asked for and never stored: a run keeps the caption embeddings
-train.evaluate saved (captions/<split>_stepNNNNN.npz: val at every evaluation, val, test and
-train at step 0 and at the last step), and every command that shows image scores computes them
-from those files and the embeddings file it is given.
+Computed when asked, never stored: a run keeps its caption embeddings (captions/<split>_step*.npz:
+val at every evaluation, val, test and train at step 0 and the last step).
 
 The embeddings file (export.py and synthetic.py write it; np.load(path, allow_pickle=False)):
     image_ids   (N,)        integer, unique: the photos' image ids
-    embeddings  (N, D_img)  float (float32 as written), finite: row i is photo image_ids[i]
-    meta        ()          unicode, a JSON object (model, revision, count = N, dim = D_img, ...);
-                            optional, so a file of another tool with only the two arrays loads
-Captions are joined to images by image id; every photo of the captions must have a row.
-
-What one saved split scores (score_split); slot s holds each photo's s-th caption:
-    mutual_knn      mutual kNN@K (metrics.mutual_knn) of slot s's captions with the photos'
-                    images, on the N photos that have every saved slot, mean over slots
-    R@1, R@5, R@10  test: caption -> image after the rotation W fitted on the train photos'
-                    slot-0 captions (metrics.fit_procrustes); one W maps every slot; mean
-    paraphrase_R@1  slot 0 finds slot 1 of its photo, over all P photos; std, effective_rank,
-                    collapsed: metrics.collapse_stats of slot 0
+    embeddings  (N, D_img)  float, finite: row i is photo image_ids[i]
+    meta        ()          unicode JSON object (model, revision, count = N, dim = D_img, ...);
+                            optional, so another tool's file with the two arrays loads
+Captions are joined to images by image id. Slot s of a split holds each photo's s-th caption:
+    mutual_knn      mutual kNN@K (metrics.mutual_knn) of each slot's captions with the images,
+                    on the N photos having every slot, mean over slots
+    R@1, R@5, R@10  test: caption -> image after the rotation fitted on the train photos' slot-0
+                    captions (metrics.fit_procrustes), mean over slots
+    paraphrase_R@1  slot 0 finds slot 1 of its photo; std, effective_rank, collapsed:
+                    metrics.collapse_stats of slot 0
     chance          mutual kNN K / (N - 1), R@k k / N, paraphrase 1 / P
 """
 import json
@@ -34,9 +30,8 @@ from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, collapse_stats, cosine_similari
                        fit_procrustes, paraphrase_r_at_1, rotated_recall)
 from .runs import caption_files, load_caption_slots, read_json
 
-K = MUTUAL_KNN_K          # neighbours of mutual kNN: 10
-RECALL_KS = DEFAULT_KS    # caption -> image R@1, R@5, R@10
-IMAGE_KEYS = ("mutual_knn",) + tuple(f"R@{k}" for k in RECALL_KS)
+K = MUTUAL_KNN_K
+IMAGE_KEYS = ("mutual_knn",) + tuple(f"R@{k}" for k in DEFAULT_KS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,46 +40,42 @@ class Embeddings:
     path: Path
     image_ids: np.ndarray    # (N,) int64, ascending, unique
     embeddings: np.ndarray   # (N, D_img) float32, finite
-    meta: dict               # the file's meta ({} when it has none)
+    meta: dict               # {} when the file has none
 
 
 def load_embeddings(path):
-    """Read and check an embeddings file (the module docstring's format). Raises
-    FileNotFoundError / ValueError, one line starting with the file."""
+    """Read and check an embeddings file (the module docstring). FileNotFoundError /
+    ValueError, one line starting with the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such embeddings file (`make embeddings` exports "
                                 f"COCO's; `python -m minialign synthetic` writes a world's)")
-    if not zipfile.is_zipfile(path):        # before np.load, which would talk about pickles
+    if not zipfile.is_zipfile(path):        # np.load would talk about pickles
         raise ValueError(f"{path}: not an .npz (zip) archive; corrupt, truncated, or not an "
                          f"embeddings file")
     try:
         with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in ("image_ids", "embeddings", "meta") if k in f.files}
-            names = sorted(f.files)
+            arrays = {k: f[k] for k in f.files}
+        meta = json.loads(str(arrays.get("meta", "{}")))
+    except json.JSONDecodeError:
+        meta = None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path}: cannot read the .npz (corrupt or truncated?): {err}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: meta must be a 0-d string holding a JSON object")
     missing = [k for k in ("image_ids", "embeddings") if k not in arrays]
     if missing:
-        raise ValueError(f"{path}: lacks arrays {missing} (has {names})")
-    ids, emb, meta = arrays["image_ids"], arrays["embeddings"], {}
-    if "meta" in arrays:
-        try:
-            meta = json.loads(str(arrays["meta"])) if arrays["meta"].ndim == 0 else None
-        except json.JSONDecodeError:
-            meta = None
-        if not isinstance(meta, dict):
-            raise ValueError(f"{path}: meta must be a 0-d string holding a JSON object")
+        raise ValueError(f"{path}: lacks arrays {missing} (has {sorted(arrays)})")
+    ids, emb = arrays["image_ids"], arrays["embeddings"]
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ValueError(f"{path}: image_ids must be a 1-D integer array, got shape "
                          f"{ids.shape} dtype {ids.dtype}")
     if emb.ndim != 2 or emb.dtype.kind != "f" or len(emb) != len(ids):
         raise ValueError(f"{path}: embeddings must be a float (N, D) array with N = "
                          f"{len(ids)} image ids, got shape {emb.shape} dtype {emb.dtype}")
-    for key, value in (("count", emb.shape[0]), ("dim", emb.shape[1])):
-        if meta.get(key, value) != value:
-            raise ValueError(f"{path}: meta says {key} = {meta[key]!r} but the embeddings "
-                             f"have {value}")
+    if (meta.get("count", len(emb)), meta.get("dim", emb.shape[1])) != emb.shape:
+        raise ValueError(f"{path}: meta says count = {meta.get('count')}, dim = "
+                         f"{meta.get('dim')} but the embeddings are {emb.shape}")
     bad = ~np.isfinite(emb).all(axis=1)
     if bad.any():
         raise ValueError(f"{path}: {bad.sum()} of {len(emb)} embedding rows hold NaN or Inf "
@@ -101,7 +92,7 @@ def load_embeddings(path):
 
 
 def positions(haystack, needles):
-    """(index of each needle in haystack (P,) or -1) for needles (N,), by sorting once."""
+    """The index of each of needles (N,) in haystack (P,), or -1; by sorting once."""
     order = np.argsort(haystack, kind="stable")
     at = np.minimum(np.searchsorted(haystack[order], needles), max(len(haystack) - 1, 0))
     found = haystack[order][at] == needles if len(haystack) else np.zeros(len(needles), bool)
@@ -119,9 +110,8 @@ def images_of(emb, ids, where):
 
 
 def knn_mask(x, k):
-    """(N, N) bool: row i marks the k nearest rows of x (N, D) to row i by cosine similarity,
-    itself excluded, ties to the lower index: the set metrics.knn_indices gives, selected
-    with np.partition instead of a full sort (mutual_knn's cost)."""
+    """(N, N) bool: row i marks the k rows of x (N, D) nearest to row i by cosine, itself
+    excluded, ties to the lower index: metrics.knn_indices' set, by np.partition (faster)."""
     sim = cosine_similarity(x, x)                                             # (N, N)
     np.fill_diagonal(sim, -np.inf)
     kth = -np.partition(-sim, k - 1, axis=1)[:, k - 1:k]                      # (N, 1)
@@ -132,18 +122,14 @@ def knn_mask(x, k):
     return above | tied
 
 
-def mutual_knn_of(masks_a, mask_b, k=K):
-    """metrics.mutual_knn from knn masks, for each mask of masks_a against mask_b."""
-    return [float(np.mean(np.sum(a & mask_b, axis=1) / k)) for a in masks_a]
-
-
 def mean_mutual_knn(ids, z_slots, emb, where, memo):
     """Mutual kNN@K of each slot's captions z (N, D) with the images of photos `ids` (N,),
     mean over slots; memo keeps the images' knn mask for the next call on the same photos."""
     key = (str(emb.path), ids.tobytes())
     if key not in memo:
         memo[key] = knn_mask(images_of(emb, ids, where), K)
-    return float(np.mean(mutual_knn_of([knn_mask(z, K) for z in z_slots], memo[key])))
+    return float(np.mean([np.mean(np.sum(knn_mask(z, K) & memo[key], axis=1) / K)
+                          for z in z_slots]))
 
 
 def slot_rows(slots):
@@ -153,16 +139,12 @@ def slot_rows(slots):
 
 
 def score_split(slots, emb=None, train_slots=None, where="the split", memo=None):
-    """The scores of one saved split (the module docstring). slots: runs.load_caption_slots of
-    its file; emb: Embeddings, or None for the text side only; train_slots: the train file's
-    slots at the same step, for R@k; memo: a dict kept across calls on one set of photos (it
-    holds their images' knn masks). Returns {"photos" P, "paraphrase_R@1", "std",
-    "effective_rank", "collapsed", "chance": {...}, and with emb "mutual_knn", "R@k"}."""
+    """The scores of one saved split (module docstring): {"photos" P, "paraphrase_R@1", "std",
+    "effective_rank", "collapsed", "chance": {...}, with emb "mutual_knn", with train_slots
+    "R@k"}. slots, train_slots: runs.load_caption_slots of the split's and the train file at
+    one step; emb: Embeddings or None (text side only); memo: a dict kept across calls."""
     (ids0, z0), (ids1, z1) = slots[0], slots[1]
-    rows1 = positions(ids1, ids0)                   # every photo has slots 0 and 1
-    if (rows1 < 0).any():
-        raise ValueError(f"{where}: {(rows1 < 0).sum()} photos have no slot-1 caption")
-    z1 = z1[rows1]
+    z1 = z1[positions(ids1, ids0)]                  # every photo has slots 0 and 1
     out = {"photos": len(z0), "paraphrase_R@1": paraphrase_r_at_1(z0, z1),
            **{k: v for k, v in collapse_stats(z0).items() if k != "collapse_std_threshold"},
            "chance": {"paraphrase_R@1": 1.0 / len(z0)}}
@@ -175,14 +157,14 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     if len(ids) <= K:
         raise ValueError(f"{where}: {len(ids)} photos have every caption slot; mutual kNN@{K} "
                          f"needs at least {K + 1}")
-    img = images_of(emb, ids, where)                                          # (N, D_img)
     out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where, {} if memo is None else memo)
-    out["chance"].update(mutual_knn=K / (len(ids) - 1))
+    out["chance"]["mutual_knn"] = K / (len(ids) - 1)
     if train_slots is not None:
         train_ids, train_z = train_slots[0]
         rotation = fit_procrustes(train_z, images_of(emb, train_ids, f"{where} (train)"))
-        recalls = [rotated_recall(rotation, z, img, ks=RECALL_KS) for z in z_slots]
-        for k in RECALL_KS:
+        img = images_of(emb, ids, where)                                      # (N, D_img)
+        recalls = [rotated_recall(rotation, z, img) for z in z_slots]
+        for k in DEFAULT_KS:
             out[f"R@{k}"] = float(np.mean([r[f"R@{k}"] for r in recalls]))
             out["chance"][f"R@{k}"] = k / len(ids)
     return out
@@ -190,8 +172,7 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
 
 def saved_files(run_dir):
     """{split: {step: path}} of a run directory; errors name the directory."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    if not Path(run_dir).is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
     files = {split: caption_files(run_dir, split) for split in ("val", "test", "train")}
     if not files["val"]:
@@ -200,12 +181,10 @@ def saved_files(run_dir):
 
 
 def score_run(run_dir, emb=None, step=None, memo=None):
-    """The scores of a run at `step` (default: its last saved step): {"step", "val":
-    score_split, and "test": score_split with R@k when the step saved test captions (step 0
-    and the last)}. emb: Embeddings or None (text side only)."""
+    """A run's scores at `step` (default: its last): {"step", "val": score_split, and "test"
+    (with R@k) if the step saved test captions (step 0 and the last)}. emb: as score_split."""
     files = saved_files(run_dir)
-    if step is None:
-        step = max(files["val"])
+    step = max(files["val"]) if step is None else step
     if step not in files["val"]:
         raise ValueError(f"{run_dir}: no captions saved at step {step} (steps "
                          f"{list(files['val'])})")
@@ -213,46 +192,26 @@ def score_run(run_dir, emb=None, step=None, memo=None):
     out = {"step": step, "val": score_split(load_caption_slots(files["val"][step]), emb,
                                             where=f"{run_dir} val", memo=memo)}
     if step in files["test"]:
-        train = None
-        if emb is not None:
-            if step not in files["train"]:
-                raise ValueError(f"{run_dir}: step {step} saved test but no train captions")
-            train = load_caption_slots(files["train"][step])
+        train = load_caption_slots(files["train"][step]) if emb is not None else None
         out["test"] = score_split(load_caption_slots(files["test"][step]), emb, train,
                                   where=f"{run_dir} test", memo=memo)
     return out
 
 
 def curve(run_dir, emb, memo=None):
-    """Val mutual kNN@K (mean over slots) at every step that saved val captions:
-    {"step": [...], "mutual_knn": [...]}. The images' knn masks are computed once."""
+    """Val mutual kNN@K at every step that saved val captions: {"step": [...], "mutual_knn":
+    [...]}; the images' knn masks are computed once."""
     memo, files = {} if memo is None else memo, saved_files(run_dir)["val"]
     return {"step": list(files), "mutual_knn": [
         mean_mutual_knn(*slot_rows(load_caption_slots(path)), emb, f"{run_dir} val", memo)
         for path in files.values()]}
 
 
-def untrained(run_dir, emb=None, memo=None):
-    """score_run at step 0, the untrained encoder, when the run saved test captions there
-    (runs trained before step 0 saved every split: None)."""
-    files = saved_files(run_dir)
-    return score_run(run_dir, emb, 0, memo) if 0 in files["test"] else None
-
-
-def table(rows, columns):
-    """A fixed-width text table: rows of dicts, columns [(key, heading)]; numbers to 3 places."""
-    cells = [[h for _, h in columns]] + [
-        [f"{r[k]:.3f}" if isinstance(r.get(k), float) else str(r.get(k, "-")) for k, _ in columns]
-        for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(line, widths))) for line in cells)
-
-
 def run_evaluate(runs, embeddings=None):
-    """`python -m minialign evaluate --run DIR ... [--embeddings FILE]`: each run's last
-    scores, printed as a table (text side without a file; mutual kNN and R@1 with one).
-    Every input is read before anything is printed. Returns the rows."""
+    """`python -m minialign evaluate --run DIR ... [--embeddings FILE]`: each run's last scores
+    as a table (the text side without a file). Every input is read before anything is
+    printed. Returns the rows."""
+    from .report import md_table
     emb = None if embeddings is None else load_embeddings(embeddings)
     rows, memo = [], {}
     for run_dir in runs:
@@ -264,21 +223,18 @@ def run_evaluate(runs, embeddings=None):
                      "seed": config.get("seed", "?"), "step": scores["step"], "split": split,
                      **{k: v for k, v in s.items() if k != "chance"},
                      **{f"{k}_chance": v for k, v in s["chance"].items()}})
-    columns = [("run", "run"), ("objective", "objective"), ("seed", "seed"), ("step", "step"),
-               ("split", "split")]
-    if emb is None:
-        columns += [("paraphrase_R@1", "para R@1"), ("paraphrase_R@1_chance", "chance"),
-                    ("std", "std"), ("effective_rank", "eff rank")]
-    else:
-        columns += [("mutual_knn", f"mkNN@{K}"), ("mutual_knn_chance", "chance"),
-                    ("R@1", "R@1"), ("R@1_chance", "chance"),
-                    ("paraphrase_R@1", "para R@1"), ("paraphrase_R@1_chance", "chance")]
+    columns = ["run", "objective", "seed", "step", "split"] + (
+        ["paraphrase_R@1", "paraphrase_R@1_chance", "std", "effective_rank"] if emb is None else
+        ["mutual_knn", "mutual_knn_chance", "R@1", "R@1_chance", "paraphrase_R@1",
+         "paraphrase_R@1_chance"])
+    if emb is not None:
         made = emb.meta.get("model", "model not recorded") + (
             f" at revision {emb.meta['revision']}" if emb.meta.get("revision") else "")
-        print(f"image embeddings {emb.path} ({made}); "
-              f"means over caption slots; R@1: caption -> image after a rotation fitted on the "
-              f"train photos")
-    print(table(rows, columns))
+        print(f"image embeddings {emb.path} ({made}); mutual kNN@{K}; means over caption "
+              f"slots; R@1: caption -> image after a rotation fitted on the train photos")
+    cells = [[f"{r[k]:.3f}" if isinstance(r.get(k), float) else str(r.get(k, "-"))
+              for k in columns] for r in rows]
+    print("\n".join(md_table(columns, cells, "llrrl" + "r" * (len(columns) - 5))))
     if emb is None:
         print("text side only: give --embeddings FILE for mutual kNN and R@k", file=sys.stderr)
     return rows
