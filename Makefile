@@ -64,8 +64,8 @@ eta-quick:       ## how long `make replicate-quick` takes here; writes nothing
 scaling:         ## encoder sizes x 3 objectives x 3 seeds (--dry-run: how long)
 	$(PY) -m minialign scaling --captions $(SUBSET) --out results/coco-scaling$(SUFFIX) $(WORDPIECE) \
 	    $(call IMAGES,$(EMBEDDINGS)) $(COMMON)
-report:          ## rebuild a results directory's table and figures: make report RESULTS=results/synthetic
-	$(PY) -m minialign report $(RESULTS)
+report:          ## a results directory's table and figures again: make report RESULTS=DIR [EMB=FILE]
+	$(PY) -m minialign report $(RESULTS) $(if $(EMB),--embeddings $(EMB))
 ablations: $(WORLD)/captions_synthetic.json  ## each named variant against the default, on the demo's protocol
 	OPENBLAS_NUM_THREADS=1 $(PY) scripts/ablations.py $(DEMO_ARGS) --out results/ablations$(SUFFIX) \
 	    --layers $(LAYERS) --dtype $(DTYPE) $(if $(JOBS),--jobs $(JOBS))

@@ -40,6 +40,8 @@ class ModelConfig:
 
     def __post_init__(self):
         assert self.layers in ("fast", "reference") and self.dtype in ("float32", "float64")
+        if self.layers == "fast" and fast is None:
+            raise ValueError("a student copy has no fast path: train it with --layers reference")
         assert self.d_model % self.n_heads == 0, "d_model must divide by n_heads"
 
 

@@ -190,7 +190,8 @@ def cmd_grade(p):
 
     def run(a):
         if a.folder:
-            rows = course.grade_class(a.folder, a.out, a.numbers or None, a.tests, a.timeout)
+            course.grade_class(a.folder, a.out, a.numbers or None, a.tests, a.timeout)
+            return 0
         else:
             rows = course.grade(a.copy, a.numbers or None, a.tests, a.timeout)
             print(course.table(rows, a.copy))
@@ -255,9 +256,10 @@ def cmd_report(p):
                    "recorded)")
 
     def run(a):
-        path = (report.write_report(a.out[0], a.embeddings) if len(a.out) == 1 else
-                report.write_side_by_side(a.out, a.embeddings))
-        print(f"wrote {path}")
+        if len(a.out) == 1:
+            report.write_report(a.out[0], a.embeddings)
+        else:
+            print(f"wrote {report.write_side_by_side(a.out, a.embeddings)}")
     return run
 
 
@@ -323,8 +325,12 @@ def main(argv=None):
     except (OSError, ValueError, ImportError) as e:
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except NotImplementedError as e:                   # an exercise's stub, in a student copy
+        from .course import unfinished
+        print(f"minialign {args.command}: {unfinished(e) or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as stop:
         how = "terminated" if isinstance(stop, Terminated) else "interrupted"
-        print(f"minialign {args.command}: {how}; rerun the same command to continue",
-              file=sys.stderr)
+        again = "with --resume" if args.command == "train" else "the same command"
+        print(f"minialign {args.command}: {how}; rerun {again} to continue", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
