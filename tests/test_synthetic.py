@@ -55,8 +55,18 @@ def test_make_world_by_hand():
     assert y.dtype == np.float32 and y.shape == (n, 768)
     np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
     assert np.corrcoef(w1[25], w1[49])[0, 1] > 0.4   # red on a dog and on a cat: shared half
-    with pytest.raises(ValueError, match="n_scenes"):
-        syn.make_world(0, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_pick_draws_what_rng_choice_draws(n):
+    """pick's hand-drawn choice is numpy's: the same stream gives the same picks (catches an
+    unnormalised cdf, side="left", or a draw that uses up the stream differently)."""
+    weights = 1 / np.arange(1, n + 1) ** syn.ZIPF
+    a, b = np.random.default_rng(n), np.random.default_rng(n)
+    assert [syn.pick(list(range(n)), a) for _ in range(3000)] == [
+        int(b.choice(n, p=weights / weights.sum())) for _ in range(3000)]
+    assert [syn.pick([1, 2, 3, 4], a, syn.COUNT_CDF) for _ in range(3000)] == [
+        int(b.choice([1, 2, 3, 4], p=syn.COUNT_P)) for _ in range(3000)]
 
 
 def test_captions_are_partial_views_with_cocos_surface_noise(monkeypatch):
@@ -164,9 +174,9 @@ def test_world_ceiling_ranks_exact_cosines():
 
 
 def test_world_ceiling_of_files(tmp_path):
-    captions, embeddings = syn.write_world(tmp_path, n_scenes=300, seed=3)
+    captions, embeddings = syn.write_world(tmp_path, n_scenes=150, seed=3)
     rng_world, _ = (np.random.default_rng(s) for s in np.random.SeedSequence(3).spawn(2))
-    world = syn.make_world(300, rng_world)             # write_world's own stream
+    world = syn.make_world(150, rng_world)             # write_world's own stream
     expected = syn.world_ceiling(world["image_ids"], world["factors"], world["embeddings"])
     assert syn.world_ceiling_of_files(captions, embeddings) == expected
     (tmp_path / "v1.json").write_text(captions.read_text().replace('world": "v2', 'world": "v1'))

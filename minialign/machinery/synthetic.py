@@ -1,10 +1,9 @@
 """A SYNTHETIC world: scenes, captions and fake "image embeddings" in the real data's two formats
-(COCO captions JSON, embeddings .npz). Nothing here is COCO or DINOv2; both files say so.
+(COCO captions JSON, embeddings .npz); both files say they are not COCO or DINOv2.
 A scene is a setting plus 2-5 objects of different kinds (colour, count, size, position), most
-salient first. Each of its 5 captions mentions a SUBSET: the setting with P_SETTING, the object
-of rank r with P_OBJECT[r] (at least one), an attribute with P_ATTRIBUTE; so two captions of a
-scene are two partial views of it, as two annotators' captions of a photo are. The
-probabilities were chosen only to match four caption statistics of COCO (scripts/calibrate.py).
+salient first. Each of its 5 captions mentions a SUBSET (the setting with P_SETTING, the object
+of rank r with P_OBJECT[r], at least one, an attribute with P_ATTRIBUTE): two partial views, as
+two annotators' captions of a photo; scripts/calibrate.py matches them to COCO's statistics.
 A scene's image embedding is a FIXED random map of ALL its binary factors x (F,):
     y = tanh(x w1 + b1) w2 + b2 + NOISE * eps,   eps ~ N(0, I)
 """
@@ -17,7 +16,8 @@ import numpy as np
 
 from ..data import SPLIT_SEED, split_photos
 from ..metrics import MUTUAL_KNN_K, knn_indices
-from .runs import atomic_write, load_npz, read_json, savez
+from .images import images_of, load_embeddings
+from .runs import atomic_write, read_json, savez
 
 WORLD = "v2"           # the name both files record
 WORLD_SEED = 20240601  # seeds the fixed image model, the same for every world
@@ -42,15 +42,14 @@ P_NO_PERIOD, P_LOWER, P_UPPER = 0.3, 0.15, 0.03          # COCO-like surface noi
 P_TRAILING_SPACE = 0.14        # ... COCO val2017: 3541 of 25,014 captions end in a space
 
 
-def forms(spec):
-    """'dog puppy' -> [('dog', 'dogs'), ('puppy', 'puppies')]; an irregular plural as
-    'cow cattle:cattle'. Synonyms most common first."""
-    plural = lambda w: (w[:-1] + "ies" if re.search(r"[^aeiou]y$", w) else
-                        w + "es" if re.search(r"(s|x|ch|sh)$", w) else w + "s")
-    return [(w.partition(":")[0], w.partition(":")[2] or plural(w)) for w in spec.split()]
+def _plural(word):
+    return (word[:-1] + "ies" if re.search(r"[^aeiou]y$", word) else
+            word + "es" if re.search(r"(s|x|ch|sh)$", word) else word + "s")
 
 
-KINDS = {k.split()[0]: forms(k) for k in (
+# a kind's synonyms, most common first, as (singular, plural); an irregular plural after ":"
+KINDS = {k.split()[0]: [(w.partition(":")[0], w.partition(":")[2] or _plural(w))
+                        for w in k.split()] for k in (
     "dog puppy hound|cat kitten kitty|horse pony|cow cattle:cattle|bird sparrow|duck|elephant|"
     "giraffe|zebra|bear|car automobile sedan|truck lorry|bus coach|bicycle bike|"
     "motorcycle motorbike|boat dinghy canoe|train locomotive|airplane plane jet|cup mug|bowl dish|"
@@ -93,10 +92,21 @@ KIND_BLOCK = 1 + sum(len(values) for _, values in ATTRIBUTES)   # present bit + 
 N_FACTORS = len(SETTINGS) + len(KINDS) * KIND_BLOCK             # 24 + 60 * 24 = 1464
 
 
-def pick(options, rng):
-    """One of options, synonym i with weight 1 / (i + 1) ** ZIPF (the first is commonest)."""
-    weights = 1.0 / np.arange(1, len(options) + 1) ** ZIPF                      # (n,)
-    return options[int(rng.choice(len(options), p=weights / weights.sum()))]
+def choice_cdf(p):
+    cdf = np.cumsum(p)
+    return cdf / cdf[-1]
+
+
+ZIPF_CDF = {n: choice_cdf(w / w.sum()) for n in range(1, 6)             # n synonyms
+            for w in [1 / np.arange(1, n + 1) ** ZIPF]}
+COUNT_CDF = choice_cdf(COUNT_P)
+
+
+def pick(options, rng, cdf=None):
+    """One of options, i with weight 1 / (i + 1) ** ZIPF, or by cdf: rng.choice(n, p=p)'s own
+    draw (the first i with choice_cdf(p)[i] > rng.random()) without its slow checks of p."""
+    cdf = ZIPF_CDF[len(options)] if cdf is None else cdf
+    return options[int(cdf.searchsorted(rng.random(), side="right"))]
 
 
 def sample_scene(rng):
@@ -105,7 +115,7 @@ def sample_scene(rng):
     n_objects = int(rng.choice(N_OBJECTS))
     kinds = rng.choice(len(KINDS), size=n_objects, replace=False)               # (n_objects,)
     objects = [{"kind": list(KINDS)[k], "colour": list(COLOURS)[int(rng.integers(len(COLOURS)))],
-                "count": int(rng.choice(list(COUNTS), p=COUNT_P)),
+                "count": pick(list(COUNTS), rng, COUNT_CDF),
                 "size": list(SIZES)[int(rng.integers(len(SIZES)))],
                 "position": list(POSITIONS)[int(rng.integers(len(POSITIONS)))]}
                for k in kinds.tolist()]
@@ -124,21 +134,6 @@ def scene_factors(scene):
             x[offset + 1 + values.index(obj[name])] = 1.0
             offset += len(values)
     return x
-
-
-def image_model():
-    """{"w1": (F, HIDDEN), "b1": (HIDDEN,), "w2": (HIDDEN, D_IMG), "b2": (D_IMG,)} float64,
-    drawn in this order from default_rng(WORLD_SEED), then shared (KIND_BLOCK - 1, HIDDEN):
-    kind k's attribute rows of w1 are sqrt(ATTR_SHARED) shared + sqrt(1 - ATTR_SHARED) own."""
-    rng = np.random.default_rng(WORLD_SEED)
-    w = {"w1": rng.standard_normal((N_FACTORS, HIDDEN)) * W1_STD,
-         "b1": rng.standard_normal(HIDDEN) * B1_STD,
-         "w2": rng.standard_normal((HIDDEN, D_IMG)) / np.sqrt(HIDDEN),
-         "b2": rng.standard_normal(D_IMG) * B2_STD}
-    shared = rng.standard_normal((KIND_BLOCK - 1, HIDDEN)) * W1_STD             # (block-1, HIDDEN)
-    blocks = w["w1"][len(SETTINGS):].reshape(len(KINDS), KIND_BLOCK, HIDDEN)   # a view of w1
-    blocks[:, 1:] = np.sqrt(ATTR_SHARED) * shared + np.sqrt(1 - ATTR_SHARED) * blocks[:, 1:]
-    return w
 
 
 def _with_article(phrase):
@@ -208,29 +203,34 @@ def scene_captions(scene, rng):
 
 
 def make_world(n_scenes, rng):
-    """rng (np.random.Generator) draws three seeds: scenes then image ids, caption wording, noise.
-    Returns {"image_ids": (N,) int64 distinct, "scenes": N dicts, "captions": N lists of 5 str,
-    "factors": (N, F) float64 x, "embeddings": (N, D_IMG) float32 y (the module docstring)}."""
-    if not 1 <= n_scenes <= 10**5:
-        raise ValueError(f"n_scenes must be in [1, 100000], got {n_scenes}")
+    """{"image_ids": (N,) int64 distinct, "scenes", "captions": N lists of 5 str, "factors":
+    (N, F) float64 x, "embeddings": (N, D_IMG) float32 y}. rng draws three seeds: scenes then
+    ids, wording, noise; the image model (w1, b1, w2, b2, the attributes' shared rows of w1,
+    mixed into each kind's) is drawn from default_rng(WORLD_SEED)."""
     rng_scene, rng_text, rng_noise = (np.random.default_rng(int(s))
                                       for s in rng.integers(0, 2**63, size=3))
     scenes = [sample_scene(rng_scene) for _ in range(n_scenes)]
     image_ids = rng_scene.choice(np.arange(1, MAX_IMAGE_ID), size=n_scenes, replace=False)
     captions = [scene_captions(scene, rng_text) for scene in scenes]
     x = np.stack([scene_factors(scene) for scene in scenes])                    # (N, F)
-    w = image_model()
-    y = np.tanh(x @ w["w1"] + w["b1"]) @ w["w2"] + w["b2"]                      # (N, D_IMG)
+    model = np.random.default_rng(WORLD_SEED)
+    w1 = model.standard_normal((N_FACTORS, HIDDEN)) * W1_STD                    # (F, HIDDEN)
+    b1 = model.standard_normal(HIDDEN) * B1_STD
+    w2 = model.standard_normal((HIDDEN, D_IMG)) / np.sqrt(HIDDEN)               # (HIDDEN, D_IMG)
+    b2 = model.standard_normal(D_IMG) * B2_STD
+    shared = model.standard_normal((KIND_BLOCK - 1, HIDDEN)) * W1_STD           # (23, HIDDEN)
+    blocks = w1[len(SETTINGS):].reshape(len(KINDS), KIND_BLOCK, HIDDEN)         # a view of w1
+    blocks[:, 1:] = np.sqrt(ATTR_SHARED) * shared + np.sqrt(1 - ATTR_SHARED) * blocks[:, 1:]
+    y = np.tanh(x @ w1 + b1) @ w2 + b2                                          # (N, D_IMG)
     y = y + NOISE * rng_noise.standard_normal(y.shape)                          # (N, D_IMG)
     return {"image_ids": image_ids.astype(np.int64), "scenes": scenes, "captions": captions,
             "factors": x, "embeddings": y.astype(np.float32)}
 
 
 def write_world(out, n_scenes=2000, seed=0, force=False):
-    """Write out/captions_synthetic.json (COCO format; each image keeps its "synthetic_scene";
-    annotations in a shuffled order) and out/embeddings_synthetic.npz (image_ids (N,) int64,
-    embeddings (N, D_IMG) float32, meta: 0-d str of JSON). Same seed, same bytes.
-    Returns the two paths. Raises FileExistsError, before writing, unless force."""
+    """Write out/captions_synthetic.json (COCO format, each image with its "synthetic_scene",
+    annotations shuffled) and out/embeddings_synthetic.npz (the embeddings file images.py
+    reads); same seed, same bytes. Returns the two paths; FileExistsError unless force."""
     paths = (Path(out) / CAPTIONS_NAME, Path(out) / EMBEDDINGS_NAME)
     for path in [p for p in paths if p.exists() and not force]:
         raise FileExistsError(f"{path}: already exists; pass --force to overwrite it")
@@ -262,13 +262,10 @@ def write_world(out, n_scenes=2000, seed=0, force=False):
 
 
 def world_ceiling(image_ids, factors, embeddings, k=MUTUAL_KNN_K, split_seed=SPLIT_SEED):
-    """Mutual k-NN (metrics.mutual_knn) between the TEST scenes' factors and their image
-    embeddings, in ascending id order as the evaluation holds them: what a text encoder that
-    recovered every scene exactly would score. image_ids (N,); factors (N, F) of 0s and 1s, no
-    zero row; embeddings (N, D). Returns a float in [0, 1] (chance ~ k / (N_test - 1))."""
+    """Mutual k-NN (metrics.mutual_knn) of the TEST scenes' factors (N, F) of 0s and 1s with
+    their embeddings (N, D), rows in ascending id as evaluation holds them: what a text encoder
+    that recovered every scene would score. image_ids (N,). Returns a float in [0, 1]."""
     factors, embeddings = np.asarray(factors, dtype=np.float64), np.asarray(embeddings)
-    assert len(image_ids) == len(factors) == len(embeddings), "one row per scene in each"
-    assert np.isin(factors, (0.0, 1.0)).all() and factors.any(axis=1).all(), "0/1, a 1 per row"
     test = split_photos(image_ids, split_seed)["test"]                          # (N_test,)
     test = test[np.argsort(np.asarray(image_ids)[test], kind="stable")]
     knn_image = knn_indices(embeddings[test], k)             # (N_test, k); checks 1 <= k < N_test
@@ -288,11 +285,7 @@ def world_ceiling_of_files(captions_path, embeddings_path, k=MUTUAL_KNN_K, split
     coco = read_json(captions_path)
     if not isinstance(coco, dict) or (coco.get("info") or {}).get("world") != WORLD:
         raise ValueError(f"{captions_path}: not a world {WORLD} file of `minialign synthetic`")
-    arrays = load_npz(embeddings_path)
-    row_of = {i: r for r, i in enumerate(arrays["image_ids"].tolist())}
-    ids = [im["id"] for im in coco["images"]]
-    if any(i not in row_of for i in ids):
-        raise ValueError(f"{embeddings_path}: has no embedding for some scenes of {captions_path}")
+    ids = np.array([im["id"] for im in coco["images"]], dtype=np.int64)
     factors = np.stack([scene_factors(im["synthetic_scene"]) for im in coco["images"]])
-    embeddings = arrays["embeddings"][[row_of[i] for i in ids]]                 # (N, D)
-    return world_ceiling(np.array(ids, dtype=np.int64), factors, embeddings, k, split_seed)
+    embeddings = images_of(load_embeddings(embeddings_path), ids, captions_path)  # (N, D)
+    return world_ceiling(ids, factors, embeddings, k, split_seed)
