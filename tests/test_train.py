@@ -52,8 +52,7 @@ def files(run):
 
 @pytest.fixture(scope="module")
 def whole(captions, tmp_path_factory):
-    """Uninterrupted runs to compare against: bad_views float32 (data and mask streams) and
-    next_token float64 on the reference layers."""
+    """Runs never stopped: bad_views float32 (data, mask streams), next_token float64 reference."""
     root = tmp_path_factory.mktemp("whole")
     f64 = dataclasses.replace(TINY, dtype="float64", layers="reference")
     cfgs = {"f32": config(captions), "f64": config(captions, objective="next_token", model=f64)}
@@ -75,6 +74,7 @@ def test_a_stopped_run_resumes_to_the_same_bits(whole, tmp_path, kind, stops):
     assert files(run) == files(reference)
     evals, final = files(run)["metrics"]                       # the curve: evals, then final
     assert [e["step"] for e in evals] == [0, 3, 6, 8] and final["step"] == 8
+    assert files(run)["checkpoint"][1][:2] == [8, 8]           # step, Adam's t: the last step
     assert [r["lr"] for r in files(run)["log"]] == [lr_at(s, 1e-3, 2, 8, 0.1) for s in range(8)]
     weights = runs.load_npz(run / "model.npz")
     assert weights["tok_emb"].dtype == np.dtype("float64" if kind == "f64" else "float32")
