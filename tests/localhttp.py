@@ -2,12 +2,10 @@
 
 Paths are test knobs: /files/NAME serves .files[NAME] (a Range request gets 206 and the rest),
 /cut-once/NAME sends half of it then closes on its first request, /cut-always/NAME always does,
-/flaky/NAME answers 500 twice then serves, /html/NAME is an HTML page with status 200; a path in
-.redirects answers 302 to its URL; anything else is 404. .requests records (path, Range header).
+/flaky/NAME answers 500 twice then serves; a path in .redirects answers 302 to its URL; anything
+else is 404. .requests records (path, Range header).
 """
 import contextlib
-import datetime
-import ipaddress
 import ssl
 import subprocess
 import threading
@@ -27,10 +25,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(302, b"", {"Location": srv.redirects[self.path]})
         knob, _, name = self.path.strip("/").partition("/")
         data = srv.files.get(name)
-        if data is None or knob not in ("files", "cut-once", "cut-always", "flaky", "html"):
+        if data is None or knob not in ("files", "cut-once", "cut-always", "flaky"):
             return self.reply(404, b"not found")
-        if knob == "html":
-            return self.reply(200, b"<html>Service unavailable</html>", {}, "text/html")
         if knob == "flaky" and seen <= 2:
             return self.reply(500, b"try later")
         start = int(self.headers.get("Range", "bytes=0-")[6:].rstrip("-"))
@@ -38,13 +34,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(416, b"", {"Content-Range": f"bytes */{len(data)}"})
         extra = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if start else {}
         cut = knob == "cut-always" or (knob == "cut-once" and seen == 1)
-        self.reply(206 if start else 200, data[start:], extra, "image/jpeg",
+        self.reply(206 if start else 200, data[start:], extra,
                    send=(len(data) - start) // 2 if cut else None)
 
-    def reply(self, status, body, headers=None, content_type="text/plain", send=None):
+    def reply(self, status, body, headers=None, send=None):
         """Headers promising len(body) bytes, then the first `send` of them (all: None)."""
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
@@ -60,7 +56,6 @@ def serve(cert=None):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.files, srv.requests, srv.redirects, srv.lock = {}, [], {}, threading.Lock()
     srv.url = f"http{'s' if cert else ''}://127.0.0.1:{srv.server_address[1]}"
-    srv.cert = cert[0] if cert else None
     if cert:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*cert)
@@ -75,36 +70,14 @@ def serve(cert=None):
 
 
 def self_signed_cert(folder):
-    """(certificate, key) files for 127.0.0.1, made with the cryptography package if it is
-    installed, else the `openssl` command; None if neither works. A client trusts it only
-    when told to (SSL_CERT_FILE)."""
+    """(certificate, key) files for 127.0.0.1 made by the `openssl` command, or None if it
+    cannot. A client trusts it only when told to (SSL_CERT_FILE)."""
     cert, key = folder / "cert.pem", folder / "key.pem"
     try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-    except ImportError:
-        try:
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
-                            "1", "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                            "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
-                           capture_output=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return cert, key
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-                   .public_key(private.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(hours=1))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.SubjectAlternativeName(
-                       [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                   .sign(private, hashes.SHA256()))
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
+                       capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
     return cert, key

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from localhttp import self_signed_cert, serve
 from minialign.data import load_captions, split_photos
 from minialign.machinery import coco
 from minialign.machinery.coco import DownloadError, download
@@ -18,26 +17,11 @@ from minialign.machinery.coco import DownloadError, download
 FAST = {"backoff": 0.01}                        # retries wait 0.01, 0.02, ... s
 
 
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory):
-    made = self_signed_cert(tmp_path_factory.mktemp("tls"))
-    if made is None:
-        pytest.skip("cannot make a self-signed certificate (neither cryptography nor openssl)")
-    return made
-
-
 @pytest.fixture
-def https(cert, monkeypatch):
-    """An HTTPS server whose certificate urllib trusts (SSL_CERT_FILE)."""
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert[0]))
-    with serve(cert) as srv:
-        yield srv
-
-
-@pytest.fixture
-def http():
-    with serve() as srv:
-        yield srv
+def https(tls_server, tls_cert, monkeypatch):
+    """conftest's HTTPS server, its certificate trusted by urllib (SSL_CERT_FILE)."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))
+    return tls_server
 
 
 def data(n, seed=0):
@@ -106,30 +90,30 @@ def test_server_errors_are_retried_and_a_404_is_not(https, tmp_path, capsys):
     assert len(https.requests) == 4 and not (tmp_path / "b.bin.part").exists()
 
 
-def test_an_untrusted_certificate_fails_at_once(cert, tmp_path):
-    with serve(cert) as srv:                              # SSL_CERT_FILE not set
-        srv.files["a.bin"] = data(100)
-        with pytest.raises(DownloadError, match="TLS certificate does not verify"):
-            download(f"{srv.url}/files/a.bin", tmp_path / "a.bin", **FAST)
-    assert list(tmp_path.iterdir()) == []
+def test_an_untrusted_certificate_fails_at_once(tls_server, tmp_path):
+    tls_server.files["a.bin"] = data(100)                 # SSL_CERT_FILE not set
+    with pytest.raises(DownloadError, match="TLS certificate does not verify"):
+        download(f"{tls_server.url}/files/a.bin", tmp_path / "a.bin", **FAST)
+    assert list(tmp_path.iterdir()) == [] and len(tls_server.requests) == 0
 
 
-def test_plain_http_is_refused_at_every_hop_unless_allowed(https, http, tmp_path, capsys):
+def test_plain_http_is_refused_at_every_hop_unless_allowed(https, server, tmp_path):
+    http = server
     body = http.files["a.bin"] = data(3000)
     target = f"{http.url}/files/a.bin"
     with pytest.raises(ValueError, match=r"^http://\S+: plain HTTP refused .* --allow-http$"):
         download(target, tmp_path / "a.bin")
     url = f"{https.url}/moved/a.bin"
     https.redirects["/moved/a.bin"] = target
-    with pytest.raises(DownloadError) as err:
+    with pytest.raises(ValueError) as err:
         download(url, tmp_path / "a.bin", **FAST)
     assert str(err.value) == (f"{url}: redirected (302) to {target}: plain HTTP refused "
                               f"(unauthenticated: the bytes can be changed on the way); pass "
                               f"--allow-http to follow it")
+    assert len(https.requests) == 1                      # refused, not retried
     assert http.requests == [] and list(tmp_path.iterdir()) == []
     download(url, tmp_path / "a.bin", sha256=sha(body), allow_http=True)
     assert (tmp_path / "a.bin").read_bytes() == body
-    assert f"{url}: redirected (302) to {target}, plain HTTP, followed" in capsys.readouterr().err
     https.files["b.bin"] = body                          # https -> https: followed
     https.redirects["/moved/b.bin"] = f"{https.url}/files/b.bin"
     download(f"{https.url}/moved/b.bin", tmp_path / "b.bin", sha256=sha(body))
@@ -158,46 +142,33 @@ def made_up_coco(n_photos, seed=0, n_few=0, n_same=0):
             "annotations": annotations}
 
 
-def test_the_subset_is_seeded_eligible_and_split_8000_1000_1000(tmp_path):
+def test_the_subset_is_seeded_eligible_and_kept_whole_by_the_loader(tmp_path):
     source = tmp_path / "captions_train2017.json"
-    made = made_up_coco(10_300, n_few=50, n_same=50)
+    made = made_up_coco(1030, n_few=20, n_same=20)
     source.write_text(json.dumps(made))
-    a = coco.write_subset(source, tmp_path / "a.json", 10_000, 0)
-    assert coco.write_subset(source, tmp_path / "b.json", 10_000, 0).read_bytes() == \
-        a.read_bytes()
-    subset, other = json.loads(a.read_text()), coco.choose_subset(made, 10_000, 1, "x")
+    subset, other = coco.choose_subset(source, 1000, 0), coco.choose_subset(source, 1000, 1)
+    assert coco.choose_subset(source, 1000, 0) == subset
     ids = [image["id"] for image in subset["images"]]
-    assert len(ids) == 10_000 and ids == sorted(ids)
+    assert len(ids) == 1000 and ids == sorted(ids)
     assert ids != [image["id"] for image in other["images"]]
-    ineligible = {image["id"] for image in made["images"][-100:]}    # 4 captions, or one
+    ineligible = {image["id"] for image in made["images"][-40:]}     # 4 captions, or one
     assert not ineligible & set(ids)
     chosen = set(ids)
     assert subset["annotations"] == [x for x in made["annotations"] if x["image_id"] in chosen]
     info = subset["info"]["minialign_subset"]
-    assert (info["num_photos"], info["seed"], info["eligible_photos"]) == (10_000, 0, 10_300)
+    assert (info["num_photos"], info["seed"], info["eligible_photos"]) == (1000, 0, 1030)
     assert (info["source_file"], info["source_sha256"]) == (source.name,
                                                             sha(source.read_bytes()))
-    captions = load_captions(a)                                       # as training reads it
+    (tmp_path / "subset.json").write_text(json.dumps(subset))
+    captions = load_captions(tmp_path / "subset.json")               # as training reads it
     assert captions.image_ids.tolist() == ids
     sizes = {k: len(v) for k, v in split_photos(captions.image_ids).items()}
-    assert sizes == {"train": 8000, "val": 1000, "test": 1000}
+    assert sizes == {"train": 600, "val": 200, "test": 200}
     with pytest.raises(ValueError) as err:
-        coco.choose_subset(made, 10_301, 0, source)
-    assert str(err.value) == (f"{source}: cannot choose 10301 photos, only 10300 of its 10400 "
+        coco.choose_subset(source, 1031, 0)
+    assert str(err.value) == (f"{source}: cannot choose 1031 photos, only 1030 of its 1070 "
                               f"photos have >= 5 captions, >= 2 distinct; pass --num-photos "
-                              f"10300 or fewer")
-
-
-# ---------------------------------------------------------------- the photos
-def test_photo_urls_are_https_unless_http_is_allowed():
-    url = "http://images.cocodataset.org/train2017/000000000009.jpg"
-    assert coco.photo_url(url) == "https://images.cocodataset.org/train2017/000000000009.jpg"
-    for mirror in ("https://s3.amazonaws.com/images.cocodataset.org/",
-                   "https://s3.amazonaws.com/images.cocodataset.org"):
-        assert coco.photo_url(url, mirror) == \
-            "https://s3.amazonaws.com/images.cocodataset.org/train2017/000000000009.jpg"
-    assert coco.photo_url("http://x/a.jpg") == "https://x/a.jpg"
-    assert coco.photo_url("http://x/a.jpg", allow_http=True) == "http://x/a.jpg"
+                              f"1030 or fewer")
 
 
 # ---------------------------------------------------------------- the command
@@ -205,6 +176,7 @@ def serve_coco(srv, tmp_path, monkeypatch):
     """A 30-photo annotations zip, a vocabulary and the photos, published: the sha256s patched
     in as the real ones. Returns the subset's 10 records (of 10 photos, seed 0)."""
     source = made_up_coco(30, seed=5)
+    (tmp_path / "source.json").write_text(json.dumps(source))
     for image in source["images"]:
         srv.files[f"train2017/{image['file_name']}"] = jpeg(32, 24, seed=image["id"])
     archive = io.BytesIO()
@@ -215,7 +187,7 @@ def serve_coco(srv, tmp_path, monkeypatch):
     srv.files["ann.zip"], srv.files["vocab.txt"] = archive.getvalue(), b"[PAD]\n[UNK]\n"
     monkeypatch.setattr(coco, "ANNOTATIONS_SHA256", sha(srv.files["ann.zip"]))
     monkeypatch.setattr(coco, "VOCAB_SHA256", sha(srv.files["vocab.txt"]))
-    return coco.choose_subset(source, 10, 0, "")["images"]
+    return coco.choose_subset(tmp_path / "source.json", 10, 0)["images"]
 
 
 def test_data_refuses_plain_http_before_writing_anything(tmp_path):
