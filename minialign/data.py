@@ -48,9 +48,10 @@ def load_captions(path):
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such captions file")
     try:
-        annotations = json.loads(path.read_text(encoding="utf-8"))["annotations"]
-        rows = sorted((a["id"], a["image_id"], clean_caption(a["caption"])) for a in annotations)
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        annotations = json.loads(path.read_text(encoding="utf-8-sig"))["annotations"]
+        rows = sorted((int(a["id"]), int(a["image_id"]), clean_caption(a["caption"]))
+                      for a in annotations)
+    except (ValueError, KeyError, TypeError) as err:              # JSON and decoding too
         raise ValueError(f"{path}: not a COCO captions JSON file "
                          f"({type(err).__name__}: {err})") from None
     by_photo = {}

@@ -146,15 +146,15 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None, d
     if killed after this many steps (tests); data: prepare(cfg), if already made. Inputs are
     checked before `out` is written."""
     out = Path(out)
-    if resume and (out / "metrics.json").is_file():
-        metrics = json.loads((out / "metrics.json").read_text())
-        if "final" in metrics:
-            return metrics
     data = data or prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
     saved = config_json(cfg, data)
     check_run_dir(out, saved, resume, force)
+    if resume and (out / "metrics.json").is_file():                      # finished already?
+        metrics = json.loads((out / "metrics.json").read_text())
+        if "final" in metrics:
+            return metrics
     # Start: init, batch and mask streams seeded apart; fresh weights and Adam moments.
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))

@@ -195,8 +195,6 @@ def test_the_python_encoder_api(whole, captions):
         runs.embed_captions(run, "a red dog")
 
 
-@pytest.mark.xfail(strict=True, reason="core: train(resume=True) returns a finished run's "
-                   "metrics before comparing its config (reported to the lead)")
 def test_a_finished_run_of_another_config_is_refused_too(whole):
     cfg, reference = whole["f32"]
     with pytest.raises(ValueError, match="another config"):
