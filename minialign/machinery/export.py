@@ -1,16 +1,11 @@
-"""`python -m minialign export`: COCO photos -> frozen DINOv2 embeddings -> an embeddings .npz.
-
-The file (images.py reads it; np.load(path, allow_pickle=False)):
-    image_ids   (N,)          int64    COCO image ids of the captioned photos, sorted
-    embeddings  (N, D_img)    float32  row i: the CLS token of DINOv2's last layer after its
-                                       final LayerNorm, Dinov2Model(...).last_hidden_state[:, 0]
-    meta        ()            unicode  a JSON object: model, revision, preprocessing, pooling,
-                                       captions_sha256, ..., dtype, count (= N), dim (= D_img)
-The only code that imports torch and transformers (the [export] extra), inside functions.
+"""`python -m minialign export`: COCO photos -> frozen DINOv2 -> the embeddings .npz images.py
+reads: image_ids (N,) int64, the captioned photos sorted; embeddings (N, D_img) float32, row i
+the CLS token after the final LayerNorm (Dinov2Model(...).last_hidden_state[:, 0]); meta, 0-d
+str of JSON (model, revision, preprocessing, pooling, captions_sha256, ..., count, dim).
+Only this module imports torch and transformers (the [export] extra), inside functions.
 Resumable: every save_every batches the rows so far go to OUT.partial.npz with the meta they
 were made under; a rerun with the same meta goes on from there.
 """
-import enum
 import json
 import sys
 from pathlib import Path
@@ -22,25 +17,18 @@ from tqdm import tqdm
 from .runs import load_npz, read_json, savez, sha256_file
 
 DEFAULT_MODEL = "facebook/dinov2-base"      # ViT-B/14, D_img = 768 (Oquab et al. 2023)
-# the commit of its Hub repository that is loaded and recorded (the 2023-07-18 release)
-DEFAULT_REVISION = "f9e44c814b77203eaa57a6bdbbd535f21ede1415"
+DEFAULT_REVISION = "f9e44c814b77203eaa57a6bdbbd535f21ede1415"   # its Hub commit, 2023-07-18
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"
-RGB_CONVERSION = ("alpha (RGBA, LA, PA, P/L/RGB with transparency) composited on white; "
-                  "16-bit grey scaled by 255/65535; other modes Pillow convert('RGB'); "
-                  "EXIF orientation not applied")
 PREPROCESSING_KEYS = ("do_convert_rgb", "do_resize", "size", "resample", "do_center_crop",
                       "crop_size", "do_rescale", "rescale_factor", "do_normalize",
                       "image_mean", "image_std")
 MODEL_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "patch_size",
                      "image_size", "layer_norm_eps")
-INSTALL_ADVICE = ("pip install torch --index-url https://download.pytorch.org/whl/cpu (CPU "
-                  "build, ~190 MB) BEFORE pip install -e '.[export]', which would otherwise "
-                  "pull the multi-GB CUDA build (make install-export)")
 
 
 def captioned_photos(captions, num_photos=None, seed=0):
-    """[(image_id, file_name)] of the photos of a COCO captions JSON with a caption, sorted
-    by id; num_photos: the first num_photos of default_rng(seed).permutation of them, sorted."""
+    """[(image_id, file_name)] of a COCO captions JSON's photos with a caption, sorted by id;
+    num_photos: the first num_photos of default_rng(seed).permutation of them, sorted."""
     coco = read_json(captions)
     try:
         captioned = {int(a["image_id"]) for a in coco["annotations"]}
@@ -80,42 +68,28 @@ def load_rgb(path):
 
 
 def load_pretrained(transformers, model_name, revision=DEFAULT_REVISION):
-    """(Dinov2Model, AutoImageProcessor) of a Hub name at `revision` or a local folder (read
-    as it is), safetensors weights only (a pickled .bin can run code) and no repository code.
-    Raises FileNotFoundError naming the model if from_pretrained cannot load it."""
+    """(Dinov2Model, AutoImageProcessor) of a Hub name at `revision` or a local folder, with
+    safetensors weights only (a pickled .bin can run code) and no repository code."""
     pinned = {"revision": revision, "trust_remote_code": False}
     try:
         return (transformers.Dinov2Model.from_pretrained(model_name, use_safetensors=True,
                                                          **pinned),
                 transformers.AutoImageProcessor.from_pretrained(model_name, **pinned))
     except OSError as err:
-        raise FileNotFoundError(
-            f"{model_name}: cannot load the model at revision {revision} ({err}); a Hub name "
-            f"is downloaded on first use (internet needed once, ~350 MB), or pass a local "
-            f"folder holding the model with --model".replace("\n", " ")) from err
-
-
-def _json_safe(value):
-    """Processor settings as JSON: tuples -> lists, enums (Pillow filters) -> their value."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value.value if isinstance(value, enum.Enum) else value
+        raise FileNotFoundError(f"{model_name}: cannot load the model at revision {revision} "
+                                f"({err}); a Hub name needs internet once (~350 MB), or pass a "
+                                f"local folder with --model".replace("\n", " ")) from err
 
 
 def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
                       batch_size=32, device="cpu", num_photos=None, seed=0, force=False,
                       save_every=20, progress=None):
-    """Embed every captioned photo of a COCO captions JSON (captioned_photos; the files in the
-    folder `images`) and write out (module docstring). Every input is checked before the model
-    is loaded: out absent (or force), every image file present. Returns (image_ids (N,) int64,
-    embeddings (N, D_img) float32). progress: a tqdm bar (None: if stderr is a terminal)."""
+    """Embed the captioned photos of a COCO captions JSON (files in the folder `images`) into
+    out (the module docstring), every input checked before the model is loaded. Returns
+    (image_ids (N,) int64, embeddings (N, D_img) float32). progress: None: if on a terminal."""
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: already exists; pass --force to replace it")
-    if batch_size < 1 or save_every < 1:
-        raise ValueError(f"batch_size and save_every must be >= 1, got {batch_size}, {save_every}")
     photos = captioned_photos(captions, num_photos, seed)
     paths = [Path(images) / name for _, name in photos]
     missing = [p.name for p in paths if not p.is_file()]
@@ -127,25 +101,24 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
         import torch
         import transformers
     except ImportError as err:
-        raise ImportError(f"the export needs torch and transformers ({err}): "
-                          f"{INSTALL_ADVICE}") from None
+        raise ImportError(f"the export needs torch and transformers ({err}): `make "
+                          f"install-export` installs them (torch's CPU build)") from None
     if Path(model_name).is_dir():
         print(f"note: --model {model_name} is a local folder, read as it is; recording "
               f"--revision {revision} as given (transformers cannot check it)", file=sys.stderr)
     model, processor = load_pretrained(transformers, model_name, revision)
     model = model.to(device).eval()
     config, settings = model.config.to_dict(), processor.to_dict()
-    preprocessing = {k: _json_safe(settings[k]) for k in PREPROCESSING_KEYS if k in settings}
     meta = {"model": model_name, "revision": revision,
-            "model_config": {k: _json_safe(config[k]) for k in MODEL_CONFIG_KEYS if k in config},
+            "model_config": {k: config[k] for k in MODEL_CONFIG_KEYS if k in config},
             "model_dtype": str(next(model.parameters()).dtype),
-            "preprocessing": {**preprocessing, "image_processor_class": type(processor).__name__,
-                              "rgb_conversion": RGB_CONVERSION},
+            "preprocessing": {**{k: settings[k] for k in PREPROCESSING_KEYS if k in settings},
+                              "image_processor_class": type(processor).__name__},
             "pooling": POOLING, "captions_file": Path(captions).name,
             "captions_sha256": sha256_file(captions), "num_photos": num_photos, "seed": seed,
             "batch_size": batch_size, "device": str(device), "torch_version": torch.__version__,
             "transformers_version": transformers.__version__}
-    made_under = json.dumps(meta, sort_keys=True)
+    made_under = json.dumps(meta, sort_keys=True, default=str)   # str: e.g. a resampling enum
     partial, rows = out.with_name(out.name + ".partial.npz"), []
     if partial.is_file():
         saved = load_npz(partial)
@@ -166,20 +139,18 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
             if b % save_every == 0:
                 savez(partial, embeddings=np.concatenate(rows), meta=np.array(made_under))
     embeddings = np.concatenate(rows).astype(np.float32)                    # (N, D_img)
-    if not np.isfinite(embeddings).all():
-        raise ValueError(f"{out}: the model gave NaN or Inf embeddings; nothing written")
     image_ids = np.array([image_id for image_id, _ in photos], dtype=np.int64)  # (N,)
     meta.update(dtype="float32", count=len(embeddings), dim=embeddings.shape[1])
     savez(out, image_ids=image_ids, embeddings=embeddings,
-          meta=np.array(json.dumps(meta, sort_keys=True, allow_nan=False)))
+          meta=np.array(json.dumps(meta, sort_keys=True, default=str)))
     partial.unlink(missing_ok=True)
     return image_ids, embeddings
 
 
 def run_export(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
                batch_size=32, device="cpu", num_photos=None, seed=0, force=False):
-    """`python -m minialign export`: export_embeddings, then the file's shape and the line
-    `sha256sum` prints for it. Returns 0."""
+    """`python -m minialign export`: export_embeddings, then the file's shape and its sha256
+    line (as `sha256sum` prints it). Returns 0."""
     _, embeddings = export_embeddings(captions, images, out, model_name, revision, batch_size,
                                       device, num_photos, seed, force)
     print(f"wrote {out}: {embeddings.shape[0]} photos x {embeddings.shape[1]} float32, "
