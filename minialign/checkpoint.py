@@ -1,5 +1,6 @@
 """A run's checkpoint and its files: every write goes through a temporary file and os.replace,
 so a run killed at any instant leaves the old file or the new one, never a part."""
+import dataclasses
 import hashlib
 import io
 import json
@@ -13,6 +14,22 @@ import numpy as np
 
 class Diverged(FloatingPointError):
     """The loss stopped being finite; the run's diverged.json says when."""
+
+
+def config_json(cfg, data, params):
+    """config.json: the config, and what it gives (vocabulary, parameters, photos, the bytes
+    of the captions and vocabulary files, by which a resume recognises them)."""
+    n_params = sum(v.size for v in params.values())
+    files = {"captions_sha256": sha256_file(cfg.captions),
+             **({"vocab_sha256": sha256_file(cfg.vocab)} if cfg.vocab else {})}
+    return {"config": dataclasses.asdict(cfg), "info": {
+        "vocab_size": cfg.model.vocab_size, "parameters": int(n_params),
+        "photos": {k: len(v) for k, v in data["split"].items()}, **files}}
+
+
+def record(metrics, entry, out):
+    metrics["evals"].append(entry)
+    write_json(out / "metrics.json", metrics)
 
 
 def check_run_dir(out, saved, resume, force):

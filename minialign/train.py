@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import (check_run_dir, load_checkpoint, record_divergence,
-                         save_checkpoint, savez, sha256_file, start_run, write_json)
+from .checkpoint import (check_run_dir, config_json, load_checkpoint, record,
+                         record_divergence, save_checkpoint, savez, start_run)
 from .data import SPLIT_SEED, load_captions, sample_batch, split_photos, tokenize_photos
 from .metrics import collapse_stats, paraphrase_r_at_1
-from .model import ModelConfig, encode, init_params, param_count
+from .model import ModelConfig, encode, init_params
 from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 from .tokenizer import build_tokenizer
@@ -149,17 +149,17 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None, d
     data = data or prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, vocab_size=data["tokenizer"].vocab_size))
-    saved = config_json(cfg, data)
-    check_run_dir(out, saved, resume, force)
-    if resume and (out / "metrics.json").is_file():                      # finished already?
-        metrics = json.loads((out / "metrics.json").read_text())
-        if "final" in metrics:
-            return metrics
     # Start: init, batch and mask streams seeded apart; fresh weights and Adam moments.
     rng_init, rng_data, rng_mask = (np.random.default_rng(s)
                                     for s in np.random.SeedSequence(cfg.seed).spawn(3))
     params = init_weights(cfg, rng_init)
     state = adam_init(params)
+    saved = config_json(cfg, data, params)
+    check_run_dir(out, saved, resume, force)
+    if resume and (out / "metrics.json").is_file():                      # finished already?
+        metrics = json.loads((out / "metrics.json").read_text())
+        if "final" in metrics:
+            return metrics
     if resume and (out / "checkpoint.npz").is_file():   # weights, moments, streams, metrics
         first_step, seconds, metrics = load_checkpoint(out, params, state, (rng_data, rng_mask))
     else:
@@ -217,20 +217,3 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None, d
     print(f"[{cfg.objective}] done: test paraphrase R@1 {final['test']['paraphrase_R@1']:.3f} "
           f"(chance {final['test']['chance']:.3f})", flush=True)
     return metrics
-
-
-def config_json(cfg, data):
-    """config.json: the config, and what it gives (vocabulary, parameters, photos, the bytes
-    of the captions and vocabulary files, by which a resume recognises them)."""
-    params = init_weights(dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, dtype="float32")), np.random.default_rng(0))
-    files = {"captions_sha256": sha256_file(cfg.captions),
-             **({"vocab_sha256": sha256_file(cfg.vocab)} if cfg.vocab else {})}
-    return {"config": dataclasses.asdict(cfg), "info": {
-        "vocab_size": cfg.model.vocab_size, "parameters": param_count(params),
-        "photos": {k: len(v) for k, v in data["split"].items()}, **files}}
-
-
-def record(metrics, entry, out):
-    metrics["evals"].append(entry)
-    write_json(out / "metrics.json", metrics)

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..checkpoint import first_difference
 from ..objectives import CAUSAL
-from ..train import TrainConfig, config_json, prepare, train
+from ..checkpoint import config_json
+from ..train import TrainConfig, init_weights, prepare, train
 from . import cli, images, runs, variants  # noqa: F401 (variants: named objectives to list)
 
 OBJECTIVES, SEEDS = ("good_views", "bad_views", "next_token"), (0, 1, 2)   # the replication's
@@ -295,8 +296,9 @@ def check_inputs(protocol, out, embeddings=None):
     if embeddings is not None:
         emb = images.load_embeddings(embeddings)
         images.images_of(emb, data["captions"].image_ids, protocol.base.captions)
-    model = dataclasses.replace(cfg.model, vocab_size=data["tokenizer"].vocab_size)
-    return config_json(dataclasses.replace(cfg, model=model), data)["info"], emb
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, vocab_size=data["tokenizer"].vocab_size))
+    return config_json(cfg, data, init_weights(cfg, np.random.default_rng(0)))["info"], emb
 
 
 def save_protocol(out, protocol, embeddings=None):
