@@ -107,12 +107,8 @@ def tokenize_photos(captions, photo_idx: np.ndarray, tok: Tokenizer,
 def sample_batch(table: CaptionTable, batch_photos: int, rng: np.random.Generator) -> Batch:
     """Draw B = batch_photos distinct photos uniformly without replacement, and for each an
     ordered pair of distinct caption slots uniformly; all randomness from rng.
-    Returns Batch with tokens_a, tokens_b (B, T) int32, T = longest of the 2B captions.
-    Raises ValueError unless 1 <= batch_photos <= number of table photos."""
-    P_t = len(table.counts)
-    if not 1 <= batch_photos <= P_t:
-        raise ValueError(f"batch_photos must be in [1, {P_t}], got {batch_photos}")
-    photos = rng.choice(P_t, size=batch_photos, replace=False).astype(np.int64)  # (B,)
+    Returns Batch with tokens_a, tokens_b (B, T) int32, T = longest of the 2B captions."""
+    photos = rng.choice(len(table.counts), size=batch_photos, replace=False).astype(np.int64)  # (B,)
     counts = table.counts[photos]                                               # (B,)
     slot_a = rng.integers(0, counts)                                            # (B,)
     # shift by 1..count-1 around the circle: slot_b is uniform over the other count-1 slots

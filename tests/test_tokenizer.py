@@ -34,8 +34,6 @@ def test_build_tokenizer_exact_vocab():
     # raw captions give the vocabulary of their cleaned forms
     assert build_tokenizer(["A Dog runs.", " a cat,  A DOG.", "The dog\u2019s ball\n"]).vocab == \
         tok.vocab
-    with pytest.raises(ValueError, match="min_count"):
-        build_tokenizer(CORPUS, min_count=0)
     for bad in [SPECIALS[1::-1] + SPECIALS[2:], SPECIALS + ("a", "a"), ("a",) + SPECIALS]:
         with pytest.raises(ValueError):
             Tokenizer(vocab=bad)
@@ -54,10 +52,6 @@ def test_encode_decode_unk_truncation_and_cleaning():
     caption = "a dog runs. a cat"                                  # 8 tokens with BOS, EOS
     assert [(tok.encode(caption, n)[0].tolist(), tok.encode(caption, n)[1]) for n in (5, 8)] == \
         [([BOS, 5, 7, 12, EOS], True), ([BOS, 5, 7, 12, 6, 5, 10, EOS], False)]
-    with pytest.raises(ValueError, match="max_len"):
-        tok.encode(caption, max_len=1)
-    with pytest.raises(ValueError, match="token ids"):
-        tok.decode([BOS, 14, EOS])
 
 
 def test_clean_caption_and_pad_batch():
