@@ -23,6 +23,7 @@ from ..tokenizer import Tokenizer, pad_batch
 from ..checkpoint import atomic_write, savez, sha256_file, write_json  # noqa: F401
 from ..train import TrainConfig, embed
 from ..wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
+from . import variants  # noqa: F401 (a run of a named variant names it in its config)
 
 CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")
 
