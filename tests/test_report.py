@@ -1,7 +1,8 @@
 """Tests of report.py and figures.py: the noise rule and the table writer on hand-made numbers
-(exact), compare's lines, the lr search's pick, the scaling trend, and the report of a tiny
-grid trained here (2 objectives x seeds 0, 1 + a two-point lr search, D = 16, 4 steps, on a
-300-scene synthetic world), text-only and with the world's image embeddings."""
+(exact), compare's lines, the lr search's pick, the scaling trend, and the report of one tiny
+grid trained here for the whole module (2 objectives x seeds 0, 1 + a two-point lr search,
+D = 16, 2 steps, on a 150-scene synthetic world), text-only and with the world's images (made
+once: `imaged`)."""
 import json
 import math
 import shutil
@@ -28,7 +29,7 @@ def table(rows, ceiling=0.38, untrained=None, **protocol):
         return {"seeds": list(range(len(next(iter(values.values()))))), **values}
     base = {**PROTOCOL["base"], **protocol.pop("base", {})}
     return {"protocol": {**PROTOCOL, **protocol, "base": base}, "captions_sha256": "c0ffee",
-            "metrics": KEYS, "chance": {k: 0.025 for k in KEYS}, "ceiling": ceiling,
+            "metrics": KEYS, "chance": {k: 0.025 for k in KEYS}, "ceiling": ceiling, "world": "v2",
             "objectives": {obj: row(v) for obj, v in rows.items()},
             "untrained": {a: {"objectives": ["good_views"], **row(v)}
                           for a, v in (untrained or {"bidirectional": same(0.04)}).items()}}
@@ -262,8 +263,8 @@ def test_axis_ticks_reach_past_the_largest_value():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    captions, embeddings = synthetic.write_world(root / "world", n_scenes=300, seed=0)
-    base = train.TrainConfig(captions=str(captions), steps=4, batch_photos=16, eval_every=2,
+    captions, embeddings = synthetic.write_world(root / "world", n_scenes=150, seed=0)
+    base = train.TrainConfig(captions=str(captions), steps=2, batch_photos=16, eval_every=2,
                              warmup_steps=1, lr=1e-3,
                              model=ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=64))
     protocol = grid.Protocol(base=base, objectives=("good_views", "next_token"), seeds=(0, 1),
@@ -274,8 +275,16 @@ def tiny(tmp_path_factory):
     return {"out": root / "grid", "embeddings": embeddings}
 
 
-def copy(tiny, tmp_path, name="grid"):
-    return Path(shutil.copytree(tiny["out"], tmp_path / name))
+@pytest.fixture(scope="module")
+def imaged(tiny, tmp_path_factory):
+    """The tiny grid's report with the world's image embeddings, made once."""
+    out = copy(tiny["out"], tmp_path_factory.mktemp("imaged"))
+    report.write_report(out, tiny["embeddings"])
+    return out
+
+
+def copy(out, tmp_path, name="grid"):
+    return Path(shutil.copytree(out, tmp_path / name))
 
 
 def body(md):
@@ -285,10 +294,14 @@ def body(md):
 
 
 def test_a_text_only_report(tiny, tmp_path, capsys):
-    out = copy(tiny, tmp_path)
-    assert report.write_report(out) == out / "results.md"
+    out = copy(tiny["out"], tmp_path)
+    returned = report.write_report(out)
     md, results = (out / "results.md").read_text(), runs.read_json(out / "results.json")
-    assert "| good_views |" in capsys.readouterr().out
+    assert json.loads(json.dumps(returned)) == results
+    printed = capsys.readouterr().out
+    assert "| good_views |" in printed and printed.endswith(
+        f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'fig_alignment.png'}, "
+        f"{out / 'fig_curves.png'}, {out / 'fig_lr_search.png'}\n")
     run = out / "runs" / "good_views-lr1.00e-03-seed1"
     assert results["objectives"]["good_views"]["paraphrase_R@1"][1] == \
         images.score_run(run)["test"]["paraphrase_R@1"]
@@ -313,9 +326,8 @@ def test_a_text_only_report(tiny, tmp_path, capsys):
         assert img.size == figures.SIZE and len(img.getcolors(1 << 16)) > 20, name
 
 
-def test_a_report_with_the_worlds_images(tiny, tmp_path):
-    out = copy(tiny, tmp_path)
-    report.write_report(out, tiny["embeddings"])
+def test_a_report_with_the_worlds_images(tiny, imaged, tmp_path):
+    out = imaged
     md, results = (out / "results.md").read_text(), runs.read_json(out / "results.json")
     emb = images.load_embeddings(tiny["embeddings"])
     run = out / "runs" / "next_token-lr1.00e-03-seed0"
@@ -331,32 +343,37 @@ def test_a_report_with_the_worlds_images(tiny, tmp_path):
                       f"|  | - |  | - |"
     assert [r.split(" |")[0] for r in rows[4:6]] == ["| good_views", "| next_token"]
     assert "published" not in md.splitlines()[4] and "compare the ordering of the objectives" in md
-    first = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    report.write_report(out, tiny["embeddings"])           # the same runs: the same bytes
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == first
+    again = copy(out, tmp_path)
+    report.write_report(again, tiny["embeddings"])          # the same runs: the same bytes
+    assert {p.name: p.read_bytes() for p in again.iterdir() if p.is_file()} == \
+        {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
 
 
-def test_compare_a_grid_with_its_own_table(tiny, tmp_path, capsys):
-    a, b = copy(tiny, tmp_path, "a"), copy(tiny, tmp_path, "b")
-    report.write_report(a, tiny["embeddings"])
-    report.write_report(b, tiny["embeddings"])
-    capsys.readouterr()
-    assert report.compare(a, b / "results.json")
+def test_compare_a_grid_with_its_own_table(imaged, tmp_path, capsys):
+    shutil.copy(imaged / "results.json", tmp_path / "results.json")
+    assert report.compare(imaged, tmp_path / "results.json")
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "all 21 agree"              # 2 objectives + 2 untrained rows x 5; ceiling
     assert all(l.endswith("same seed up to 0.0000)") for l in lines[1:-2])
 
 
-def test_two_directories_side_by_side(tiny, tmp_path, capsys):
-    a, b = copy(tiny, tmp_path, "a"), copy(tiny, tmp_path, "b")
-    path = report.write_side_by_side([a, b], tiny["embeddings"])
-    assert path == tmp_path / "compare_a_b.md"
+def test_two_directories_side_by_side(tiny, imaged, tmp_path, capsys, monkeypatch):
+    a, b = copy(tiny["out"], tmp_path, "a"), copy(tiny["out"], tmp_path, "b")
+    path = report.write_side_by_side([a, b])                  # text only: each one's report
+    assert path == tmp_path / "compare_a_b.md" and (b / "results.md").is_file()
     text = path.read_text()
     assert text in capsys.readouterr().out
-    results = runs.read_json(a / "results.json")
-    g = report.cells(results["objectives"]["good_views"]["mutual_knn"])[0]
+    g = runs.read_json(a / "results.json")["objectives"]["good_views"]["paraphrase_R@1"]
+    assert "| row | paraphrase R@1, a | paraphrase R@1, b |" in text
+    assert f"| good_views | {report.cells(g)[0]} | {report.cells(g)[0]} |" in text
+    # with images (imaged's report standing in for each one's): a column per metric and directory
+    monkeypatch.setattr(report, "write_report", lambda out, embeddings: runs.read_json(
+        imaged / "results.json"))
+    text = report.write_side_by_side([a, b], tiny["embeddings"]).read_text()
     assert "| row | mutual-kNN@10, a | mutual-kNN@10, b | R@1, a | R@1, b | paraphrase R@1, a | " \
            "paraphrase R@1, b |" in text
+    g = report.cells(runs.read_json(imaged / "results.json")["objectives"]["good_views"]
+                     ["mutual_knn"])[0]
     assert f"| good_views | {g} | {g} |" in text
     with pytest.raises(ValueError, match="given twice"):
         report.write_side_by_side([a, a])

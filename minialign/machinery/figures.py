@@ -1,7 +1,5 @@
-"""The report's figures, 1600 x 900, drawn with Pillow from a results dict (report.collect):
-fig_alignment.png (test metrics per objective beside the untrained encoder, chance, a world's
-ceiling, the published values), fig_curves.png (val metric against step), fig_lr_search.png
-(final val metric against lr), fig_scaling.png (a sweep: test metric against parameters)."""
+"""The report's figures (Pillow, 1600 x 900, Okabe & Ito's colour-blind-safe colours) from a
+results dict (report.collect): fig_alignment, fig_curves, fig_lr_search; a sweep's fig_scaling."""
 import io
 import math
 
@@ -11,8 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 from .runs import atomic_write
 
 SIZE = (1600, 900)
-COLOURS = {"good_views": (0, 114, 178), "bad_views": (230, 159, 0),   # Okabe & Ito,
-           "next_token": (0, 158, 115)}                               # colour-blind safe
+COLOURS = {"good_views": (0, 114, 178), "bad_views": (230, 159, 0), "next_token": (0, 158, 115)}
 OTHER = [(204, 121, 167), (86, 180, 233), (213, 94, 0), (240, 228, 66)]
 GREY, INK, RED = (150, 150, 150), (20, 20, 20), (170, 40, 40)
 LABELS = {"mutual_knn": "mutual-kNN@10", "R@1": "R@1, caption → image",
@@ -39,13 +36,20 @@ def ticks(lo, hi, n=5):
                                                math.ceil(hi / step - 1e-9) + 1)]
 
 
-def figure(title):
+def figure(results, title, objs, key):
+    """A white image: "title — dataset" on top, objs' colours and what marks mean below."""
     draw = ImageDraw.Draw(img := Image.new("RGB", SIZE, "white"))
-    draw.text((SIZE[0] // 2, 20), title, font=font(36), fill=INK, anchor="ma")
+    draw.text((800, 20), f"{title} — {results['dataset']}", font=font(36), fill=INK, anchor="ma")
+    x = 140
+    for obj in objs:
+        draw.rectangle([x, 848, x + 24, 872], fill=colour(obj, objs))
+        draw.text((x + 34, 860), obj, font=font(26), fill=INK, anchor="lm")
+        x += 80 + draw.textlength(obj, font=font(26))
+    draw.text((1560, 860), key, font=font(24), fill=INK, anchor="rm")
     return img, draw
 
 
-def axes(draw, box, xs, ys, xticks=(), xlabel=None, xlog=False):
+def axes(draw, box, xs, ys, xticks, xlabel="", xlog=False):
     """A frame, y grid lines labelled, x ticks [(value, label)]; returns data -> pixel."""
     left, top, right, bottom = box
     yt, f = ticks(*ys), (math.log10 if xlog else float)
@@ -59,64 +63,51 @@ def axes(draw, box, xs, ys, xticks=(), xlabel=None, xlog=False):
     for x, label in xticks:
         draw.text((px(x, 0)[0], bottom + 12), label, font=font(24), fill=INK, anchor="ma")
     draw.line([(left, top), (left, bottom), (right, bottom)], fill=INK, width=3)
-    if xlabel:
-        draw.text(((left + right) / 2, bottom + 50), xlabel, font=font(26), fill=INK, anchor="ma")
+    draw.text(((left + right) / 2, bottom + 50), xlabel, font=font(26), fill=INK, anchor="ma")
     return px
 
 
 def dashed(draw, a, b, fill=GREY, width=3):
-    n = max(1, int(math.dist(a, b) // 22))
-    at = lambda t: (a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1]))  # noqa: E731
+    a, b, n = np.array(a), np.array(b), max(1, int(math.dist(a, b) // 22))
     for i in range(n):
-        draw.line([at(i / n), at((i + 0.6) / n)], fill=fill, width=width)
+        draw.line([tuple(a + t * (b - a)) for t in (i / n, (i + 0.6) / n)], fill=fill, width=width)
 
 
 def dot(draw, xy, r, fill, outline=INK):
     draw.ellipse([xy[0] - r, xy[1] - r, xy[0] + r, xy[1] + r], fill, outline, 2)
 
 
-def labels_right(draw, x, ends):
-    """Labels [(y, text, colour)] at x, moved apart to 26 px at least."""
+def labels_right(draw, px, xs, levels, ends=()):
+    """Dashed lines at levels [(value or None, name, colour)], then all labels at the right."""
+    labels = list(ends)                                      # (pixel y, text, colour)
+    for y, name, fill in [level for level in levels if level[0] is not None]:
+        dashed(draw, px(xs[0], y), px(xs[1], y), fill)
+        labels.append((px(xs[1], y)[1], f"{name} {y:.3f}", INK if fill == GREY else fill))
     y_last = -math.inf
-    for y, text, fill in sorted(ends):
+    for y, text, fill in sorted(labels):
         y_last = max(y, y_last + 26)
-        draw.text((x, y_last), text, font=font(22), fill=fill, anchor="lm")
+        draw.text((px(xs[1], 0)[0] + 10, y_last), text, font=font(22), fill=fill, anchor="lm")
 
 
-def footer(draw, entries, key):
-    """Coloured squares naming the objectives, left; what the marks mean, right."""
-    x = 140
-    for label, fill in entries:
-        draw.rectangle([x, 848, x + 24, 872], fill=fill)
-        draw.text((x + 34, 860), label, font=font(26), fill=INK, anchor="lm")
-        x += 80 + draw.textlength(label, font=font(26))
-    draw.text((1560, 860), key, font=font(24), fill=INK, anchor="rm")
-
-
-def save(img, path):
-    img.save(buffer := io.BytesIO(), format="PNG")
-    atomic_write(path, buffer.getvalue())
-
-
-# ---------------------------------------------------------------- the figures
-def alignment(results, path):
-    """Bars of the test metrics per objective (module docstring)."""
+def alignment(results):
+    """Test metrics per objective: bars, seeds, untrained encoder, chance, ceiling, published."""
     keys = ["mutual_knn", "R@1"] if "mutual_knn" in results["metrics"] else ["paraphrase_R@1"]
-    img, draw = figure(f"Test {'alignment with the images' if len(keys) == 2 else 'paraphrase R@1'}"
-                       f" — {results['dataset']}")
-    objs = [o for o, row in results["objectives"].items() if row["seeds"]]
     published, width = results["published"], (SIZE[0] - 120) // len(keys)
+    title = "Test alignment with the images" if len(keys) == 2 else "Test paraphrase R@1"
+    img, draw = figure(results, title, [], "bar: mean over seeds   ○ one seed   ▬ ▬ untrained"
+                       " encoder   - - - chance" + "   ▬ published (COCO)" * bool(published))
+    objs = [o for o, row in results["objectives"].items() if row["seeds"]]
     for i, key in enumerate(keys):
         box, xs = (110 + i * width, 150, 110 + (i + 1) * width - 230, 760), (-0.5, len(objs) - 0.5)
         base = {o: next((float(np.mean(u[key])) for u in results["untrained"].values()
-                         if o in u["objectives"] and u.get(key)), None) for o in objs}
+                         if o in u["objectives"]), None) for o in objs}
         top = max([v for o in objs for v in results["objectives"][o][key]] + [1e-3]
                   + [b for b in base.values() if b] + [results["chance"].get(key, 0)]
                   + [published[o][key] for o in objs if o in published])
         ceiling = results["ceiling"] if key == "mutual_knn" else None
         off = ceiling is not None and ceiling > 2 * top         # written, not on the axis
-        px = axes(draw, box, xs, (0, 1.15 * (top if off or ceiling is None else max(top, ceiling))),
-                  [(j, o) for j, o in enumerate(objs)])
+        px = axes(draw, box, xs, (0, 1.15 * max(top, 0 if off else ceiling or 0)),
+                  list(enumerate(objs)))
         draw.text(((box[0] + box[2]) / 2, 84), LABELS[key], font=font(30), fill=INK, anchor="ma")
         for j, obj in enumerate(objs):
             v = results["objectives"][obj][key]
@@ -129,59 +120,41 @@ def alignment(results, path):
             if base[obj]:
                 dashed(draw, px(j - 0.38, base[obj]), px(j + 0.38, base[obj]), INK, 5)
             if key in published.get(obj, {}):
-                y = px(j, published[obj][key])[1]
-                draw.line([(x0 - 12, y), (x1 + 12, y)], fill=INK, width=6)
-        ends = []
-        for y, text, fill in ((results["chance"].get(key), "chance", GREY),
-                              (None if off else ceiling, "world ceiling", RED)):
-            if y is not None:
-                dashed(draw, px(xs[0], y), px(xs[1], y), fill)
-                ends.append((px(xs[1], y)[1], f"{text} {y:.3f}", INK if fill == GREY else fill))
-        labels_right(draw, box[2] + 10, ends)
-        if off:
-            draw.text((box[2] + 10, box[1]), f"world ceiling\n{ceiling:.3f} ↑\n(off the scale)",
-                      font=font(22), fill=RED, anchor="la")
-    footer(draw, [], "bar: mean over seeds   ○ one seed   ▬ ▬ untrained encoder   - - - chance"
-           + "   ▬ published (COCO)" * bool(published))
-    save(img, path)
+                draw.line([(x, px(j, published[obj][key])[1]) for x in (x0 - 12, x1 + 12)], INK, 6)
+        labels_right(draw, px, xs, [(results["chance"].get(key), "chance", GREY),
+                                    (None if off else ceiling, "world ceiling", RED)],
+                     [(box[1] + 37, f"world ceiling\n{ceiling:.3f} ↑\n(off the scale)", RED)]
+                     if off else [])
+    return img
 
 
-def curves(results, path):
+def curves(results):
     """Val metric against step: the seed mean per objective, the seeds' range shaded."""
-    metric, steps = results["metric"], results["protocol"]["base"]["steps"]
-    img, draw = figure(f"Val {LABELS[metric]} during training — {results['dataset']}")
-    by_obj = {o: [c["curve"] for c in results["curves"].values() if c["objective"] == o]
-              for o in dict.fromkeys(c["objective"] for c in results["curves"].values())}
-    n = {o: min(len(c["step"]) for c in cs) for o, cs in by_obj.items()}
-    lines = {o: (cs[0]["step"][:n[o]], np.array([c[metric][:n[o]] for c in cs]))
-             for o, cs in by_obj.items()}                    # (seeds, steps)
+    metric, steps, lines = results["metric"], results["protocol"]["base"]["steps"], {}
+    for c in results["curves"].values():
+        lines.setdefault(c["objective"], []).append(c["curve"])
+    lines = {o: (cs[0]["step"], np.array([c[metric] for c in cs])) for o, cs in lines.items()}
+    img, draw = figure(results, f"Val {LABELS[metric]} during training", list(lines),
+                       "line: seed mean   shade: seed min..max")
     top = max([float(v.max()) for _, v in lines.values()] + [1e-3])
     px = axes(draw, (140, 110, 1400, 760), (0, steps), (0, 1.1 * top),
               [(t, f"{t:g}") for t in ticks(0, steps, 6)], "training step")
-    shade = Image.new("RGBA", SIZE, (0, 0, 0, 0))
-    for obj, (x, v) in lines.items():
-        band = [px(s, y) for s, y in zip(x, v.max(0))] + \
-            [px(s, y) for s, y in zip(x[::-1], v.min(0)[::-1])]
-        ImageDraw.Draw(shade).polygon(band, fill=colour(obj, lines) + (60,))
-    img.paste(Image.alpha_composite(img.convert("RGBA"), shade).convert("RGB"))
+    for obj, (x, v) in lines.items():                        # the seeds' range, see-through
+        band = [px(s, y) for s, y in [*zip(x, v.max(0)), *zip(x[::-1], v.min(0)[::-1])]]
+        ImageDraw.Draw(img, "RGBA").polygon(band, fill=colour(obj, lines) + (60,))
     ends = []
     for obj, (x, v) in lines.items():
         draw.line([px(s, y) for s, y in zip(x, v.mean(0))], fill=colour(obj, lines), width=5)
         ends.append((px(x[-1], v.mean(0)[-1])[1], f"{v.mean(0)[-1]:.3f}", colour(obj, lines)))
-    if results["chance"].get(metric) is not None:
-        chance = results["chance"][metric]
-        dashed(draw, px(0, chance), px(steps, chance))
-        ends.append((px(steps, chance)[1], f"chance {chance:.3f}", INK))
-    labels_right(draw, 1410, ends)
-    footer(draw, [(o, colour(o, lines)) for o in lines], "line: seed mean   shade: seed min..max")
-    save(img, path)
+    labels_right(draw, px, (0, steps), [(results["chance"].get(metric), "chance", GREY)], ends)
+    return img
 
 
-def lr_search(results, path):
+def lr_search(results):
     """Final val metric of the first seed against lr, each objective; the chosen lr ringed."""
     searches = results["lr_search"]
-    img, draw = figure(f"Learning-rate search: final val {LABELS[results['metric']]} — "
-                       f"{results['dataset']}")
+    img, draw = figure(results, f"Learning-rate search: final val {LABELS[results['metric']]}",
+                       list(searches), "○ large: chosen   × diverged")
     lrs = sorted({lr for s in searches.values() for lr in s["lrs"]})
     top = max(v for s in searches.values() for v in s["scores"] if isinstance(v, float))
     box, shared = (140, 110, 1400, 760), results["protocol"]["base"]["lr"]
@@ -192,23 +165,21 @@ def lr_search(results, path):
     for j, (obj, s) in enumerate(searches.items()):
         shift, c = 10 ** (0.03 * (j - (len(searches) - 1) / 2)), colour(obj, searches)
         done = [px(lr * shift, v) for lr, v in zip(s["lrs"], s["scores"]) if isinstance(v, float)]
-        if len(done) > 1:
-            draw.line(done, fill=c, width=4)
+        draw.line(done, fill=c, width=4)
         for lr, v in zip(s["lrs"], s["scores"]):
             if v == "diverged":
                 draw.text(px(lr * shift, 0), "×", font=font(40), fill=c, anchor="mb")
             elif v is not None:
                 chosen = lr == s["chosen"]
                 dot(draw, px(lr * shift, v), 18 if chosen else 9, "white" if chosen else c, c)
-    footer(draw, [(o, colour(o, searches)) for o in searches], "○ large: chosen   × diverged")
-    save(img, path)
+    return img
 
 
-def scaling(results, path):
-    """Each objective's test metric against parameters (a dot per seed, a line through the
-    means); the good_views - next_token gap's trend (report.gap_trend) written below."""
+def scaling(results):
+    """Test metric against parameters per objective (dots: seeds, line: means), the gap's trend."""
     metric, objs = results["metric"], results["protocol"]["objectives"]
-    img, draw = figure(f"Test {LABELS[metric]} against encoder size — {results['dataset']}")
+    img, draw = figure(results, f"Test {LABELS[metric]} against encoder size", objs,
+                       "● one seed   line: seed mean")
     sizes = [s for s in results["sizes"] if s["params"]]
     params = [s["params"] for s in sizes] or [1e3, 1e6]
     xs = (min(params) / 10 ** 0.2, max(params) * 10 ** 0.2)
@@ -222,29 +193,23 @@ def scaling(results, path):
     for j, obj in enumerate(objs):
         points = [(s["params"] * 10 ** (0.02 * (j - 1)), s["objectives"][obj][metric])
                   for s in sizes if s["objectives"][obj].get(metric)]   # side by side
-        if len(points) > 1:
-            draw.line([px(p, float(np.mean(v))) for p, v in points], colour(obj, objs), 4)
+        draw.line([px(p, float(np.mean(v))) for p, v in points], colour(obj, objs), 4)
         for p, v in points:
             for value in v:
                 dot(draw, px(p, value), 8, colour(obj, objs))
-    if metric in results["chance"]:
-        dashed(draw, px(xs[0], results["chance"][metric]), px(xs[1], results["chance"][metric]))
-        labels_right(draw, 1410, [(px(xs[1], results["chance"][metric])[1], "chance", INK)])
+    labels_right(draw, px, xs, [(results["chance"].get(metric), "chance", GREY)])
     t = results["trend"]
     draw.text((770, 805), "the good_views − next_token gap: " + t["verdict"] + (
         "" if t["slope"] is None else f" (slope {t['slope']:+.3f} ± {t['se']:.3f} per tenfold "
         f"parameters)"), font=font(26), fill=INK, anchor="ma")
-    footer(draw, [(o, colour(o, objs)) for o in objs], "● one seed   line: seed mean")
-    save(img, path)
+    return img
 
 
 def draw(results, out):
-    """Write the figures of `results` into `out` (a sweep's scaling; alignment, curves, and the
-    lr search's once a run of it has a score); returns their names."""
-    searched = any(isinstance(v, float) for s in results.get("lr_search", {}).values()
-                   for v in s["scores"])
-    names = (["scaling"] if "sizes" in results else
-             ["alignment", "curves"] + ["lr_search"] * searched)
+    """Write the figures into `out` (the lr search's once it has a score); returns their names."""
+    names = ["scaling"] if "sizes" in results else ["alignment", "curves"] + ["lr_search"] * any(
+        isinstance(v, float) for s in results["lr_search"].values() for v in s["scores"])
     for name in names:
-        globals()[name](results, out / f"fig_{name}.png")
+        globals()[name](results).save(buffer := io.BytesIO(), format="PNG")
+        atomic_write(out / f"fig_{name}.png", buffer.getvalue())
     return [f"fig_{name}.png" for name in names]
