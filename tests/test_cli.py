@@ -80,7 +80,11 @@ def test_exit_codes(tmp_path, capsys, captions):
                                                (signal.SIGTERM, 143, "terminated")])
 def test_ctrl_c_and_sigterm_stop_with_the_resume_hint(signum, code, how, tmp_path, capsys,
                                                       captions, monkeypatch):
-    monkeypatch.setattr(train, "train", lambda *a, **k: os.kill(os.getpid(), signum))
+    def stopped(*a, **k):                # Ctrl-C raises KeyboardInterrupt (a shell may ignore
+        if signum == signal.SIGINT:      # SIGINT in background jobs); SIGTERM, main's handler
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)
+    monkeypatch.setattr(train, "train", stopped)
     before = signal.getsignal(signal.SIGTERM)                # main installs its own handler
     try:
         assert train_cli(captions, tmp_path / "run") == code
