@@ -265,7 +265,7 @@ def test_cross_entropy_over_zero_targets_is_an_error():
 MUTANTS = {   # name: (text of fast.py, its replacement)
     "causal mask lets a token read the next": ("dtype), 1)", "dtype), 2)"),
     "causal bias never added": ("if g.bias is not None:", "if False:"),
-    "pool divides by T, not the length": ("zg /= _c(g.Tg, h)", "zg /= _c(rows.mask.shape[1], h)"),
+    "pool divides by T, not the length": ("zg /= _c(g.Tg, h)", "zg /= _c(rows.lengths[-1], h)"),
     "pool backward forgets the length": ("/ n_b.astype(dz.dtype)[:, None]", ""),
     "layernorm's variance over D - 1": ("st *= inv_D\n        st += eps",
                                         "st *= _c(1 / (D - 1), x)\n        st += eps"),
@@ -285,7 +285,7 @@ MUTANTS = {   # name: (text of fast.py, its replacement)
     "a group takes the next length too": ("[Tg, Tg + 1])", "[Tg, Tg + 2])"),
     # written after the checks, not to fit them
     "embedding reads the id before": ("weight[ids], (ids", "weight[np.maximum(ids - 1, 0)], (ids"),
-    "pool leaves z in row order": ("out[rows.order] = z", "out = z"),
+    "pool leaves z in row order": ("z[np.argsort(rows.order)], rows", "z, rows"),
     "caption_rows reversed": ("np.argsort(flat, kind", "np.argsort(-flat, kind"),
     "cross-entropy without the max shift": ("xi -= xi.max(axis=1, keepdims=True)", "xi -= 0"),
     "layernorm without eps": ("        st += eps\n", ""),

@@ -1,21 +1,11 @@
 """The course kit (docs/course.md): exercises marked in the working code, a student copy with
 their bodies blanked, and a grader that runs each exercise's tests in a process of its own.
-
-An exercise is a function body (or its end) between two comments in a module of minialign/:
-
-    def layernorm_backward(dy, cache):
-        # --- exercise 4: LayerNorm backward ---
-        ...
-        # --- end of exercise 4 ---
-
-A student copy is the repository with each marked body replaced by one line at its indentation,
-    raise NotImplementedError("exercise 4: LayerNorm backward — see docs/course.md#exercise-4")
-and every other byte the same, without LEFT_OUT (the fast path computes the exercises' maths).
-Exercise N's tests are those of tests/test_exercises.py marked exerciseN (pyproject.toml names
-them). Only the standard library here: grading never imports a student's code.
+An exercise is a function body (or its end) between `# --- exercise N: title ---` and `# --- end
+of exercise N ---` in a module of minialign/; a student copy has it as one line (Exercise.stub)
+and lacks LEFT_OUT (the fast path computes the exercises' maths). Exercise N's tests are those of
+tests/test_exercises.py marked exerciseN. Standard library only: grading imports no student code.
 """
 import csv
-import io
 import os
 import re
 import shutil
@@ -33,14 +23,11 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[2]     # the repository (or student copy) of this code
 START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")
 END = re.compile(r"^( *)# --- end of exercise (\d+) ---$")
-STUB = re.compile(r"^exercise (\d+): (.+) — see (\S+)$")       # a stub's message
-DOCS = "docs/course.md"
 FAST = "minialign/machinery/fast.py"
-LEFT_OUT = ("docs/teacher/", FAST, "tests/test_fast.py")    # not in a student copy
+LEFT_OUT = ("docs/teacher/", FAST, "tests/test_fast.py")    # prefixes kept out of a copy
 STUDENT_FILE = "student.txt"                                 # a copy's student id, first line
 TESTS = "tests/test_exercises.py"
 TIMEOUT = 60.0       # seconds one exercise's tests may run (each takes about one here)
-# points of each exercise in a class's CSV (grade_class's `points` file overrides them)
 POINTS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 4, 6: 2, 7: 3, 8: 2, 9: 3, 10: 2, 11: 2, 12: 2, 13: 3, 14: 3}
 # The grader's child: pytest, with an editable install's import hook removed, so a module
 # missing from the copy is missing, not the teacher's (the copy comes first on PYTHONPATH).
@@ -60,20 +47,19 @@ class Exercise(NamedTuple):
     def stub(self):
         """The line that replaces the body in a student copy."""
         return (f'raise NotImplementedError("exercise {self.number}: {self.title} — see '
-                f'{DOCS}#exercise-{self.number}")')
+                f'docs/course.md#exercise-{self.number}")')
 
 
 # ---------------------------------------------------------------- the markers
 def parse(text, path):
-    """The exercises marked in one module's text, in file order. Raises ValueError naming
-    path:line for an opening without its end (or the reverse), nested or empty pairs, or two
-    comments of a pair at different indentations."""
+    """The exercises marked in one module's text, in file order. Raises ValueError naming path:line
+    for an unclosed or unopened pair, nested or empty pairs, or a pair at two indentations."""
     found, opened = [], None
     for i, line in enumerate(text.splitlines()):
         start, end = START.match(line), END.match(line)
         if start and opened:
-            raise ValueError(f"{path}:{i + 1}: exercise {start[2]} opens inside exercise "
-                             f"{opened[2]}")
+            raise ValueError(f"{path}:{i + 1}: exercise {start[2]} opens inside "
+                             f"exercise {opened[2]}")
         if start:
             opened = (i, start[1], int(start[2]), start[3])
         elif end:
@@ -89,16 +75,19 @@ def parse(text, path):
     return found
 
 
-def list_exercises(root=ROOT):
-    """Every exercise marked in root/minialign/*.py, by number. Raises ValueError unless the
-    numbers are 1..N, each once."""
+def list_exercises(root=ROOT, numbers=(), flag=""):
+    """Every exercise marked in root/minialign/*.py, by number. Raises ValueError unless they are
+    numbered 1..N, each once, or (naming `flag`) when `numbers` holds one that is not there."""
     found = sorted((e for p in sorted(Path(root, "minialign").glob("*.py"))
                     for e in parse(p.read_text(encoding="utf-8"), f"minialign/{p.name}")),
                    key=lambda e: e.number)
-    numbers = [e.number for e in found]
-    if numbers != list(range(1, len(found) + 1)):
+    if [e.number for e in found] != list(range(1, len(found) + 1)):
         raise ValueError(f"{Path(root) / 'minialign'}: exercise numbers must be 1..N, each "
-                         f"once; found {numbers}")
+                         f"once; found {[e.number for e in found]}")
+    unknown = sorted(set(numbers) - {e.number for e in found})
+    if unknown:
+        raise ValueError(f"{flag}: no exercise {', '.join(map(str, unknown))} "
+                         f"(there are 1..{len(found)})")
     return found
 
 
@@ -125,14 +114,6 @@ def splice(student, solution, path, numbers=None):
     return "".join(lines)
 
 
-def unfinished(err):
-    """The one line for a command that reached a stub (err: its NotImplementedError or message),
-    or None when err is no stub's."""
-    stub = STUB.match(str(err))
-    return stub and (f"exercise {stub[1]} ({stub[2]}) is not done yet: see {stub[3]}; "
-                     f"`python -m minialign grade` checks it")
-
-
 # ---------------------------------------------------------------- the student copy
 def repository_files(root=ROOT):
     """The repository's files, relative posix paths, sorted: tracked or not ignored by git
@@ -154,18 +135,6 @@ def repository_files(root=ROOT):
                               for part in p.relative_to(root).parts) and p.suffix != ".pyc")
 
 
-def left_out(rel):
-    """Whether the repository file rel stays out of a student copy."""
-    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in LEFT_OUT)
-
-
-def check_numbers(numbers, exercises, flag):
-    unknown = sorted(set(numbers) - {e.number for e in exercises})
-    if unknown:
-        raise ValueError(f"{flag}: no exercise {', '.join(map(str, unknown))} "
-                         f"(there are 1..{len(exercises)})")
-
-
 def check_teacher(root, what):
     if not (Path(root) / FAST).is_file():
         raise ValueError(f"{root} is a student copy: it holds no solutions to {what}; run this "
@@ -173,27 +142,23 @@ def check_teacher(root, what):
 
 
 def write_copy(out, solved=(), student=None, root=ROOT):
-    """Write the student copy of the repository at root into `out` (new or empty, outside the
-    repository): every exercise but those in `solved` blanked, `student` written to its
-    STUDENT_FILE. Raises ValueError before writing anything. Returns (exercises, files written)."""
+    """Write root's student copy into `out` (new or empty, outside root): all but `solved`
+    blanked, `student` in STUDENT_FILE. Refuses before writing; returns (exercises, file count)."""
     out, root = Path(out), Path(root)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: not a new or empty directory")
     if root.resolve() in [out.resolve(), *out.resolve().parents]:
-        raise ValueError(f"{out}: inside the repository {root.resolve()}; the student copy goes "
-                         f"outside it")
+        raise ValueError(f"{out}: inside the repository {root.resolve()}; the copy goes outside it")
     if solved:
         check_teacher(root, "leave in (--solved)")
-    exercises = list_exercises(root)
-    check_numbers(solved, exercises, "--solved")
+    exercises = list_exercises(root, solved, "--solved")
     marked = {e.path for e in exercises}
-    files = [rel for rel in repository_files(root) if not left_out(rel)]
+    files = [rel for rel in repository_files(root) if not rel.startswith(LEFT_OUT)]
     for rel in files:
         src, dst = root / rel, out / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if rel in marked:
             dst.write_bytes(blank(src.read_bytes().decode(), rel, solved).encode())
-            shutil.copymode(src, dst)
         else:
             shutil.copy2(src, dst)
     if student:
@@ -202,15 +167,13 @@ def write_copy(out, solved=(), student=None, root=ROOT):
 
 
 def restore(copy, numbers=None, root=ROOT):
-    """Put the repository's bodies of exercises `numbers` (None: all) back into the student
-    copy at `copy`, the rest of it untouched. Raises ValueError before writing anything.
-    Returns the paths rewritten."""
+    """Put root's bodies of exercises `numbers` (None: all) back into the student copy at `copy`,
+    the rest untouched; ValueError before writing anything. Returns the paths rewritten."""
     copy = Path(copy)
     if not (copy / "minialign" / "__init__.py").is_file():
         raise ValueError(f"{copy}: no student copy there (no minialign/__init__.py)")
     check_teacher(root, "restore")
-    exercises = list_exercises(root)
-    check_numbers(numbers or (), exercises, "--restore")
+    exercises = list_exercises(root, numbers or (), "--restore")
     paths = sorted({e.path for e in exercises if numbers is None or e.number in numbers})
     texts = {rel: splice((copy / rel).read_bytes().decode(), (Path(root) / rel).read_bytes()
                          .decode(), f"{copy / rel}", numbers) for rel in paths}
@@ -220,17 +183,6 @@ def restore(copy, numbers=None, root=ROOT):
 
 
 # ---------------------------------------------------------------- the grader
-def find_copy(start=None):
-    """The copy holding `start` (default: the working directory): it or its nearest parent
-    with minialign/__init__.py. Raises ValueError when there is none."""
-    start = Path(start or Path.cwd()).resolve()
-    found = next((p for p in [start, *start.parents]
-                  if (p / "minialign" / "__init__.py").is_file()), None)
-    if found is None:
-        raise ValueError(f"{start}: no minialign copy here or above (minialign/__init__.py)")
-    return found
-
-
 def titles(tests):
     """{N: title} of the exerciseN markers in the pyproject.toml beside the tests' folder."""
     text = (Path(tests).resolve().parent.parent / "pyproject.toml").read_text(errors="replace")
@@ -238,9 +190,10 @@ def titles(tests):
 
 
 def run_tests(copy, tests, number, timeout):
-    """Exercise `number`'s tests on the copy's code: pytest in a child process (its own
-    session, a scratch working directory, the copy first on its path), killed with its whole
-    process group after `timeout` seconds or when it ends. Returns (status, detail)."""
+    """Exercise `number`'s tests on the copy's code: pytest in a child (own session, scratch cwd,
+    the copy first on its path), its process group killed at `timeout` s or its end."""
+    if not (copy / "minialign" / "__init__.py").is_file():    # or Python finds another minialign
+        return "error", f"{copy}: no minialign/__init__.py"
     with tempfile.TemporaryDirectory() as scratch:
         report, log = Path(scratch, "report.xml"), Path(scratch, "output.txt")
         env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1",
@@ -256,21 +209,16 @@ def run_tests(copy, tests, number, timeout):
                 child.wait(timeout)
             except subprocess.TimeoutExpired:
                 return "timed out", f"after {timeout:g} s (a loop that never ends?)"
-            finally:
-                kill_group(child)
+            finally:                  # the child and every process it started, then reap it
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except (AttributeError, ProcessLookupError, PermissionError):  # Windows, or gone
+                    child.kill()
+                child.wait()
         if not report.is_file():
             lines = log.read_text(errors="replace").strip().splitlines()
             return "error", lines[-1] if lines else f"pytest ended with code {child.returncode}"
         return verdict(number, report, copy, scratch)
-
-
-def kill_group(child):
-    """End the child and every process it started (its process group), then reap it."""
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (AttributeError, ProcessLookupError, PermissionError):   # Windows, or gone
-        child.kill()
-    child.wait()
 
 
 def verdict(number, report, copy, cwd):
@@ -303,12 +251,15 @@ def verdict(number, report, copy, cwd):
 
 
 def grade(copy=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
-    """Grade exercises `numbers` (None: every one the tests' pyproject.toml names) of the copy
-    (default: find_copy()) against `tests` (default: the copy's own tests/test_exercises.py),
-    each in run_tests' child, `jobs` at once (default: the cores, at most 4). Returns one row
-    per exercise: {"number", "title", "status", "detail", "seconds"}; never raises for what
-    the copy holds (a missing or broken file is that exercise's row)."""
-    copy = Path(copy).resolve() if copy is not None else find_copy()
+    """Grade exercises `numbers` (None: all the tests' pyproject.toml names) of the copy (default:
+    the one holding the working directory) against `tests` (default: the copy's own), `jobs` at
+    once (default: the cores, at most 4). One row per exercise: {number, title, status, detail,
+    seconds}; never raises for what the copy holds (a broken file is that exercise's row)."""
+    here = Path.cwd().resolve()
+    found = [p for p in [here, *here.parents] if (p / "minialign" / "__init__.py").is_file()]
+    if copy is None and not found:
+        raise ValueError(f"{here}: no minialign copy here or above (minialign/__init__.py)")
+    copy = Path(copy or found[0]).resolve()
     tests = Path(tests).resolve() if tests is not None else copy / TESTS
     if not tests.is_file():
         raise FileNotFoundError(f"{tests}: no exercise tests there")
@@ -320,16 +271,12 @@ def grade(copy=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
     def one(n):
         t0 = time.perf_counter()
         try:
-            if not (copy / "minialign" / "__init__.py").is_file():
-                status, detail = "error", f"{copy}: no minialign/__init__.py"
-            else:
-                status, detail = run_tests(copy, tests, n, timeout)
+            status, detail = run_tests(copy, tests, n, timeout)
         except Exception as e:        # noqa: BLE001 (whatever happens is this exercise's row)
             status, detail = "error", f"{type(e).__name__}: {e}"
         return {"number": n, "title": named[n], "status": status, "detail": detail,
                 "seconds": time.perf_counter() - t0}
-    jobs = jobs or min(4, os.cpu_count() or 1)
-    with ThreadPoolExecutor(jobs) as pool:
+    with ThreadPoolExecutor(jobs or min(4, os.cpu_count() or 1)) as pool:
         return list(pool.map(one, numbers))
 
 
@@ -341,53 +288,41 @@ def table(rows, copy=None, student=None):
     for r in rows:
         lines.append(f"{r['number']:>2}  {r['title']:<{width}}  {r['status']:<11}  "
                      f"{r['seconds']:7.1f}  {r['detail']}".rstrip())
-    counts = Counter(r["status"] for r in rows)
-    lines.append(f"{len(rows)} exercise(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                 + " (one alone: pytest -m exerciseN)")
+    counts = ", ".join(f"{n} {s}" for s, n in Counter(r["status"] for r in rows).items())
+    lines.append(f"{len(rows)} exercise(s): {counts} (one alone: pytest -m exerciseN)")
     return "\n".join(lines)
 
 
-def student_id(copy):
-    """The first line of the copy's STUDENT_FILE, else the copy's folder name."""
-    path = Path(copy) / STUDENT_FILE
-    lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
-    return lines[0].strip() if lines else Path(copy).name
-
-
-def grade_class(folder, out=None, numbers=None, tests=None, timeout=TIMEOUT, points=None,
-                jobs=None):
-    """Grade every copy in folder's subfolders (each one holding minialign/ is one student)
-    against `tests` (default: this repository's tests/test_exercises.py), printing a line per
-    student as each finishes, into one CSV (default: folder/grades.csv) with a row per (student,
-    exercise): student, copy, exercise, title, status, points, detail. The CSV is rewritten
-    (os.replace) after each copy. points: {N: points} (default POINTS). Returns the rows."""
+def grade_class(folder, out=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
+    """Grade every copy in folder's subfolders (one with minialign/ per student) against `tests`
+    (default: this repository's), a line per student as each finishes, into one CSV (default:
+    folder/grades.csv), rewritten after each copy, a row per (student, exercise): student, copy,
+    exercise, title, status, points, detail. Returns the rows."""
     folder = Path(folder)
     out = Path(out) if out else folder / "grades.csv"
-    copies = sorted(p for p in folder.iterdir() if (p / "minialign").is_dir()) \
-        if folder.is_dir() else []
+    copies = sorted(p.parent for p in folder.glob("*/minialign") if p.is_dir())
     if not copies:
-        raise ValueError(f"{folder}: no copy in its subfolders (one subfolder with minialign/ "
-                         f"per student)")
-    points = points or POINTS
+        raise ValueError(f"{folder}: no copy in its subfolders (one with minialign/ per student)")
     tests = Path(tests) if tests else ROOT / TESTS
     rows = []
     for copy in copies:
-        student = student_id(copy)
+        sid = copy / STUDENT_FILE                      # its first line, else the folder's name
+        sid = sid.read_text(errors="replace").strip().splitlines() if sid.is_file() else []
+        student = sid[0].strip() if sid else copy.name
         mine = grade(copy, numbers, tests, timeout, jobs)
         for r in mine:
             r.update(student=student, copy=str(copy),
-                     points=points.get(r["number"], 0) if r["status"] == "passed" else 0)
+                     points=POINTS.get(r["number"], 0) if r["status"] == "passed" else 0)
         rows += mine
-        text = io.StringIO()
-        csv.writer(text, lineterminator="\n").writerows(
-            [["student", "copy", "exercise", "title", "status", "points", "detail"]] +
-            [[r["student"], r["copy"], r["number"], r["title"], r["status"], f"{r['points']:g}",
-              r["detail"]] for r in rows])
         partial = out.with_name(out.name + ".partial")
-        partial.write_text(text.getvalue(), encoding="utf-8")
+        with open(partial, "w", encoding="utf-8", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows(
+                [["student", "copy", "exercise", "title", "status", "points", "detail"]] +
+                [[r["student"], r["copy"], r["number"], r["title"], r["status"],
+                  f"{r['points']:g}", r["detail"]] for r in rows])
         os.replace(partial, out)
         passed = [str(r["number"]) for r in mine if r["status"] == "passed"]
-        full = sum(points.get(r["number"], 0) for r in mine)
+        full = sum(POINTS.get(r["number"], 0) for r in mine)
         print(f"{student}: {sum(r['points'] for r in mine):g} / {full:g} points, "
               f"{len(passed)} of {len(mine)} passed ({' '.join(passed)}) in {copy}", flush=True)
     print(f"wrote {out}: {len(copies)} copies against {tests}")

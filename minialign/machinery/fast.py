@@ -1,22 +1,18 @@
-"""The fast layer set: minialign/layers.py's names and signatures, arranged for speed.
-ModelConfig.layers = "fast" makes model.encode and objectives.next_token call these instead of
-layers.py's; tests/test_fast.py checks that outputs and gradients agree on ragged batches
-(float64 ~1e-10, float32 ~1e-4). Read layers.py first: it is the maths. What differs:
+"""The fast layer set: layers.py's names and signatures over packed rows, arranged for speed.
+ModelConfig.layers = "fast" picks it; tests/test_fast.py checks its outputs and gradients against
+layers.py's on ragged batches (float64 ~1e-10, float32 ~1e-4). layers.py is the maths; here:
 
-  packed rows   token_rows sorts the captions by length, so each caption and each group of
-                equal-length captions is one contiguous slice of the (n, D) rows.
-  attention     per group of one length Tg: the group's rows reshape to (Bg, Tg, ...) views,
-                so nothing is computed on padding and no (B, T, T) grid is built.
-  pooling       a sum over each group's (Bg, Tg, D) rows, not a (B, n) matrix product.
-  fused passes  LayerNorm, GELU and the softmaxes run as in-place passes over one buffer, row
-                block by row block (a block stays in cache from pass to pass); sums along a
-                row or down a column are products with a ones vector (faster than np.sum).
-  the head      lm_head_forward -> cross_entropy -> lm_head_backward (next_token's three
-                calls) run as one pass over row blocks that never holds all (n, V) logits.
-  threads       set_threads(k) spreads the blocks over k threads. Every partition depends on
-                the shapes only and every sum over blocks is added in block order, so the
-                results are the same bits for any k.
-Every constant is a scalar of the array's dtype: float32 stays float32 (no float64 loop).
+  packed rows   token_rows sorts the captions by length: a caption, and a group of captions of
+                one length, is a contiguous slice of the (n, D) rows.
+  attention     per group of length Tg, on (Bg, Tg, ...) views of its rows: nothing computed on
+                padding, no (B, T, T) grid. Pooling: a sum over each group's (Bg, Tg, D) rows.
+  fused passes  LayerNorm, GELU and the softmaxes in place over one buffer per row block (it
+                stays in cache); sums along a row or a column are products with a ones vector.
+  the head      lm_head_forward -> cross_entropy -> lm_head_backward: one pass over row blocks
+                that never holds all (n, V) logits.
+  threads       set_threads(k) spreads the blocks over k threads; every partition depends on the
+                shapes only and sums over blocks are added in block order: the same bits for any k.
+Every constant is a scalar of the array's dtype: float32 stays float32.
 """
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +23,7 @@ import numpy as np
 from ..layers import GELU_A, GELU_C, LN_EPS
 
 GROUP = 64         # at most this many captions in one attention group
-BLOCK = 1 << 17    # elements per row block of an in-place chain (512 KB of float32)
+BLOCK = 1 << 17    # elements per block of an in-place chain: row_blocks(n, BLOCK // C)
 SPLITS = 4         # a linear layer's rows in this many chunks (x^T dy: one partial each)
 HEAD_ROWS = 512    # rows of logits at a time in the fused head
 CE_ROWS = 32       # rows per in-place cross-entropy pass (32 x V float32 stays in cache)
@@ -46,16 +42,12 @@ def set_threads(k):
 def run(task, blocks):
     """task(i, start, stop) for each blocks[i] = (start, stop), on set_threads's threads, with
     the caller's np.errstate. Each task writes only its own outputs; re-raises a task's error."""
-    if _pool is None or len(blocks) < 2:
-        for i, (s, e) in enumerate(blocks):
-            task(i, s, e)
-        return
     err = np.geterr()
 
     def one(i):
         with np.errstate(**err):
             task(i, *blocks[i])
-    list(_pool.map(one, range(len(blocks))))
+    list((_pool.map if _pool and len(blocks) > 1 else map)(one, range(len(blocks))))
 
 
 def row_blocks(n, rows, start=0):
@@ -68,20 +60,13 @@ def chunks(n):
     return row_blocks(n, max(1, -(-n // SPLITS)))
 
 
-def chain_blocks(n, C):
-    """Row blocks of an in-place chain over (n, C) arrays: BLOCK elements each."""
-    return row_blocks(n, max(1, BLOCK // C))
-
-
 def _c(value, like):
-    """value as a scalar of like's dtype."""
-    return like.dtype.type(value)
+    return like.dtype.type(value)                                         # a scalar of like's dtype
 
 
 # ---------------------------------------------------------------- the rows of a batch
 class Group(NamedTuple):
-    """Bg captions of Tg tokens: the rows start:stop (Bg * Tg of them), so their (Bg, Tg, C)
-    grid is a reshape of those rows; first: the group's first caption in Rows.order."""
+    """Bg captions of Tg tokens, the rows start:stop; first: its first caption in Rows.order."""
     start: int
     stop: int
     first: int
@@ -91,12 +76,11 @@ class Group(NamedTuple):
 
 
 class Rows(NamedTuple):
-    """layers.TokenRows's flat, pos, seq, mask and caption_rows (the same meaning) in the fast
-    order: captions shortest first (ties in batch order), each caption's tokens in order."""
+    """layers.TokenRows's flat, pos, seq and caption_rows (the same meaning) in the fast order:
+    captions shortest first (ties in batch order), each caption's tokens in order."""
     flat: np.ndarray          # (n,) b * T + t of each row's token
     pos: np.ndarray           # (n,) its position t
     seq: np.ndarray           # (n,) its caption b
-    mask: np.ndarray          # (B, T) bool, True at real tokens
     caption_rows: np.ndarray  # (n,) the row of each token of tokens[tokens != PAD], in order
     order: np.ndarray         # (B,) the captions in row order
     lengths: np.ndarray       # (B,) real tokens of order[i], ascending
@@ -121,8 +105,7 @@ def token_rows(mask, causal, dtype):
         for caps in np.array_split(np.arange(a, b), -(-(b - a) // GROUP)):
             start = int(first_row[caps[0]])
             groups.append(Group(start, start + len(caps) * Tg, int(caps[0]), len(caps), Tg, bias))
-    return Rows(flat, pos, seq, mask, np.argsort(flat, kind="stable"), order, lengths,
-                tuple(groups))
+    return Rows(flat, pos, seq, np.argsort(flat, kind="stable"), order, lengths, tuple(groups))
 
 
 # ---------------------------------------------------------------- per-token layers
@@ -132,15 +115,13 @@ def embedding_forward(ids, weight):
 
 
 def embedding_backward(dy, cache):
-    """layers.embedding_backward as a segment sum over the rows sorted by id
-    (np.add.reduceat) instead of np.add.at's one small add per row."""
+    """layers.embedding_backward as a segment sum (np.add.reduceat) over rows sorted by id."""
     ids, shape = cache
     dweight = np.zeros(shape, dtype=dy.dtype)                             # (V, D)
-    if len(ids):
-        order = np.argsort(ids, kind="stable")                            # (n,) by id
-        sorted_ids = ids[order]
-        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # (u,)
-        dweight[sorted_ids[starts]] = np.add.reduceat(dy[order], starts, axis=0)
+    order = np.argsort(ids, kind="stable")                                # (n,) by id
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # (u,) first of each
+    dweight[sorted_ids[starts]] = np.add.reduceat(dy[order], starts, axis=0)
     return dweight
 
 
@@ -156,13 +137,13 @@ def linear_forward(x, w, b):
 
 
 def linear_backward(dy, cache):
-    """layers.linear_backward per chunk of rows: dx, and partials of dw = x^T dy and
-    db = 1^T dy, added in chunk order."""
+    """layers.linear_backward per chunk of rows: dx, and partials of dw = x^T dy and db = 1^T dy
+    added in chunk order."""
     x, w = cache
     blocks = chunks(len(dy))
     dx = np.empty((len(dy), w.shape[0]), dtype=dy.dtype)                  # (n, D_in)
-    parts = np.zeros((max(len(blocks), 1), w.shape[0] + 1, w.shape[1]), dy.dtype)  # dw | db
-    ones = np.ones(blocks[0][1] if blocks else 0, dy.dtype)
+    parts = np.zeros((len(blocks), w.shape[0] + 1, w.shape[1]), dy.dtype)  # dw | db, per chunk
+    ones = np.ones(len(dy), dy.dtype)
 
     def block(i, s, e):
         np.matmul(dy[s:e], w.T, out=dx[s:e])
@@ -174,8 +155,7 @@ def linear_backward(dy, cache):
 
 
 def layernorm_forward(x, gamma, beta, eps=LN_EPS):
-    """layers.layernorm_forward as one chain of in-place passes per row block (mean, centre,
-    variance, scale, gain, shift). x: (n, D). Returns y and a cache (xhat, inv_std, gamma)."""
+    """layers.layernorm_forward as one chain of in-place passes per row block. x: (n, D)."""
     n, D = x.shape
     y, xhat = np.empty_like(x), np.empty_like(x)                          # (n, D), (n, D)
     inv_std = np.empty((n, 1), dtype=x.dtype)                             # (n, 1)
@@ -195,20 +175,19 @@ def layernorm_forward(x, gamma, beta, eps=LN_EPS):
         xh *= st                                                          # xhat
         np.multiply(xh, gamma, out=yb)
         yb += beta
-    run(block, chain_blocks(n, D))
+    run(block, row_blocks(n, BLOCK // D))
     return y, (xhat, inv_std, gamma)
 
 
 def layernorm_backward(dy, cache):
-    """layers.layernorm_backward as one chain per row block; dgamma and dbeta one partial per
-    block, added in block order. dy: (n, D) -> dx (n, D), dgamma (D,), dbeta (D,)."""
+    """layers.layernorm_backward as one chain per row block; dgamma, dbeta: a partial a block."""
     xhat, inv_std, gamma = cache
     n, D = xhat.shape
-    blocks = chain_blocks(n, D)
+    blocks = row_blocks(n, BLOCK // D)
     dx, t = np.empty_like(dy), np.empty_like(dy)                          # (n, D), (n, D)
     m1, m2 = np.empty(n, dy.dtype), np.empty(n, dy.dtype)                 # (n,), (n,)
-    dgamma, dbeta = np.zeros((2, max(len(blocks), 1), D), dy.dtype)       # (P, D) partials
-    inv_D, ones_D, ones_r = _c(1.0 / D, dy), np.ones(D, dy.dtype), np.ones(BLOCK // D + 1, dy.dtype)
+    dgamma, dbeta = np.zeros((2, len(blocks), D), dy.dtype)               # (P, D) partials
+    inv_D, ones_D, ones_r = _c(1.0 / D, dy), np.ones(D, dy.dtype), np.ones(n, dy.dtype)
 
     def block(i, s, e):
         g, tb, xh, a, c = dx[s:e], t[s:e], xhat[s:e], m1[s:e], m2[s:e]
@@ -230,9 +209,8 @@ def layernorm_backward(dy, cache):
 
 
 def gelu_forward(x):
-    """layers.gelu_forward with (1 + tanh(u)) / 2 written as the logistic 1 / (1 + exp(-2u))
-    (the same function; one exp costs less than a tanh), in place per row block:
-    y = x s, s = 1 / (1 + exp(-2 c (x + a x^3))). x: (n, F). Returns y and a cache (x, s)."""
+    """layers.gelu_forward with (1 + tanh(u)) / 2 as the logistic 1 / (1 + exp(-2u)) (one exp
+    costs less than a tanh), in place per row block: y = x s, s = 1 / (1 + exp(-2c (x + a x^3)))."""
     s_all, y = np.empty_like(x), np.empty_like(x)                         # (n, F), (n, F)
     ac2, c2, one = _c(-2.0 * GELU_A * GELU_C, x), _c(-2.0 * GELU_C, x), _c(1.0, x)
 
@@ -247,7 +225,7 @@ def gelu_forward(x):
         u += one
         np.reciprocal(u, out=u)                                           # s
         np.multiply(xb, u, out=y[s:e])
-    run(block, chain_blocks(*x.shape))
+    run(block, row_blocks(len(x), BLOCK // x.shape[1]))
     return y, (x, s_all)
 
 
@@ -269,23 +247,21 @@ def gelu_backward(dy, cache):
         d *= t
         d += sb
         d *= dy[s:e]
-    run(block, chain_blocks(*x.shape))
+    run(block, row_blocks(len(x), BLOCK // x.shape[1]))
     return dx
 
 
 # ---------------------------------------------------------------- attention, per group
 def group_heads(rows, Bg, n_heads):
-    """A group's rows (Bg * Tg, C) -> (Bg, n_heads, Tg, C / n_heads), head j reading columns
-    j C/n_heads : (j+1) C/n_heads (layers.split_heads): a view, so writing it writes the rows."""
-    C = rows.shape[1]
-    return rows.reshape(Bg, -1, n_heads, C // n_heads).transpose(0, 2, 1, 3)
+    """A group's rows (Bg * Tg, C) -> (Bg, n_heads, Tg, C / n_heads) as layers.split_heads:
+    a view, so writing it writes the rows."""
+    return rows.reshape(Bg, -1, n_heads, rows.shape[1] // n_heads).transpose(0, 2, 1, 3)
 
 
 def attention_forward(x, w_qkv, b_qkv, w_o, b_o, rows, n_heads):
-    """layers.attention_forward one group of equal-length captions at a time: q, k, v are
-    views of the group's rows of x w_qkv + b_qkv, the softmax runs in place in one
-    (Bg, H, Tg, Tg) buffer, the merged heads are written straight into the rows of a.
-    x: (n, D) rows of token_rows(...) = rows. Returns y (n, D) and a cache."""
+    """layers.attention_forward one group of equal-length captions at a time: q, k, v are views
+    of the group's rows of x w_qkv + b_qkv, the softmax runs in place in one (Bg, H, Tg, Tg)
+    buffer, the merged heads go straight into the rows of a. x: (n, D) rows of token_rows."""
     n, D = x.shape
     H = n_heads
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                          # (n, 3D)
@@ -342,9 +318,7 @@ def pool_forward(h, rows):
         zg = z[g.first:g.first + g.Bg]
         np.sum(h[g.start:g.stop].reshape(g.Bg, g.Tg, -1), axis=1, out=zg)
         zg /= _c(g.Tg, h)
-    out = np.empty_like(z)
-    out[rows.order] = z                                                   # (B, D) batch order
-    return out, rows
+    return z[np.argsort(rows.order)], rows                                # (B, D) batch order
 
 
 def pool_backward(dz, cache):
@@ -356,30 +330,17 @@ def pool_backward(dz, cache):
 
 
 # ---------------------------------------------------------------- the tied head, fused with CE
-class TiedLogits(NamedTuple):
-    """lm_head_forward's logits hf @ tok_emb^T, not computed yet. hf: (n, D); tok_emb: (V, D)."""
-    hf: np.ndarray
-    tok_emb: np.ndarray
-
-
-class TiedGradients(NamedTuple):
-    """cross_entropy's dlogits, already through the head: dhf (n, D), dtok_emb (V, D)."""
-    dhf: np.ndarray
-    dtok_emb: np.ndarray
-
-
 def lm_head_forward(hf, tok_emb):
-    """layers.lm_head_forward, deferred: returns TiedLogits (cross_entropy computes them)."""
-    return TiedLogits(hf, tok_emb), None
+    """layers.lm_head_forward, deferred: the logits hf @ tok_emb^T as the pair (hf, tok_emb),
+    computed by cross_entropy. hf: (n, D); tok_emb: (V, D)."""
+    return (hf, tok_emb), None
 
 
 def cross_entropy(logits, targets):
-    """losses.cross_entropy fused with the tied head, on lm_head_forward's TiedLogits: per
-    block of HEAD_ROWS rows, logits = hf_b tok_emb^T, in place -> (softmax - onehot) / n
-    (CE_ROWS rows at a time), dhf_b = dlogits_b tok_emb and dtok_emb += dlogits_b^T hf_b, one
-    partial dtok_emb per chunk of rows (chunks), added in chunk order. -log softmax at the
-    target is taken in float64. Returns loss (float), TiedGradients as dlogits, stats
-    {ce, targets (= n)}."""
+    """losses.cross_entropy fused with the tied head, on (hf, tok_emb): per HEAD_ROWS rows,
+    logits = hf_b tok_emb^T, in place -> (softmax - onehot) / n (CE_ROWS rows at a time),
+    dhf_b = dlogits_b tok_emb, dtok_emb += dlogits_b^T hf_b (a partial per chunk, summed in
+    order); -log softmax at the target in float64. Returns loss, (dhf, dtok_emb), stats."""
     hf, tok_emb = logits
     n = len(hf)
     if n == 0:
@@ -406,9 +367,9 @@ def cross_entropy(logits, targets):
             partials[c] += x.T @ hf[s:e]                                  # (V, D)
     run(chunk, blocks)
     loss = float(nll.mean())
-    return loss, TiedGradients(dhf, partials.sum(axis=0)), {"ce": loss, "targets": n}
+    return loss, (dhf, partials.sum(axis=0)), {"ce": loss, "targets": n}
 
 
 def lm_head_backward(dlogits, cache):
-    """layers.lm_head_backward: cross_entropy's TiedGradients are dhf, dtok_emb already."""
-    return dlogits.dhf, dlogits.dtok_emb
+    """layers.lm_head_backward: cross_entropy's dlogits are (dhf, dtok_emb) already."""
+    return dlogits
