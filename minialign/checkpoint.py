@@ -1,5 +1,6 @@
-"""A run's checkpoint and its files: every write goes through a temporary file and os.replace,
-so a run killed at any instant leaves the old file or the new one, never a part."""
+"""What a run saves: config.json, metrics.json, its caption embeddings at each evaluation
+(evaluate), the checkpoint to resume from. Every write goes through a temporary file and
+os.replace, so a run killed at any instant leaves the old file or the new one, never a part."""
 import dataclasses
 import hashlib
 import io
@@ -10,6 +11,50 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from .metrics import collapse_stats, paraphrase_r_at_1
+from .model import encode
+from .objectives import CAUSAL, OBJECTIVES
+
+EVAL_SLOTS = 5              # caption slots embedded per val/test photo (train: 2)
+EVAL_BATCH = 500            # captions per forward pass when embedding
+
+
+def embed(params, tokens, model, causal, encoder=encode):
+    """Caption embeddings z (N, D), EVAL_BATCH captions at a time, each chunk cut to its
+    longest caption. encoder: model.encode, or a variant's."""
+    out = []
+    for i in range(0, len(tokens), EVAL_BATCH):
+        chunk = tokens[i:i + EVAL_BATCH]
+        out.append(encoder(params, chunk[:, :(chunk != 0).sum(axis=1).max()], model, causal)[0])
+    return np.concatenate(out)                                            # (N, D)
+
+
+def evaluate(params, cfg, data, out, step, splits):
+    """Embed caption slot s = 0, 1, ... of every photo of each split, save them as
+    captions/<split>_stepNNNNN.npz (float16) and return the text metrics of val and test:
+    paraphrase R@1 (slot 0 finds slot 1 of the same photo) and the collapse diagnostics."""
+    entry = {"step": step}
+    for split in splits:
+        table = data["tables"][split]
+        arrays, slots = {}, []
+        for s in range(min(EVAL_SLOTS if split != "train" else 2, table.counts.max())):
+            photos = np.flatnonzero(table.counts > s)                     # (P_s,)
+            rows = table.offsets[photos] + s
+            tokens = table.tokens[rows, :table.lengths[rows].max()]       # (P_s, T)
+            with np.errstate(over="ignore", invalid="ignore"):
+                z = embed(params, tokens, cfg.model, CAUSAL[cfg.objective],
+                          getattr(OBJECTIVES[cfg.objective], "encode", encode)).astype(np.float16)
+            arrays[f"slot{s}_image_ids"] = data["captions"].image_ids[table.photo_idx[photos]]
+            arrays[f"slot{s}_z"] = z
+            slots.append(z.astype(np.float32))                            # what is saved
+        if not all(np.isfinite(z).all() for z in slots):
+            raise record_divergence(out, step, f"{split} caption embeddings not finite in float16")
+        savez(out / "captions" / f"{split}_step{step:05d}.npz", **arrays)
+        if split != "train":
+            entry[split] = {"paraphrase_R@1": paraphrase_r_at_1(slots[0], slots[1]),
+                            "chance": 1.0 / len(slots[0]), **collapse_stats(slots[0])}
+    return entry
 
 
 class Diverged(FloatingPointError):
@@ -34,7 +79,8 @@ def record(metrics, entry, out):
 
 def check_run_dir(out, saved, resume, force):
     """Refuse, before anything is written: a directory holding another run's config (resume),
-    a directory that is not empty (neither resume nor force), a run that diverged (resume)."""
+    a directory that is not empty (neither resume nor force), a run that diverged (resume).
+    Returns a finished run's metrics (resume), else None."""
     if resume and (out / "config.json").is_file():
         first = first_difference(json.loads((out / "config.json").read_text()), saved)
         if first:
@@ -42,6 +88,9 @@ def check_run_dir(out, saved, resume, force):
                              f"pick another directory or pass --force")
         if (out / "diverged.json").is_file():
             raise Diverged(f"{out}: diverged ({(out / 'diverged.json').read_text().strip()})")
+        if (out / "metrics.json").is_file():
+            metrics = json.loads((out / "metrics.json").read_text())
+            return metrics if "final" in metrics else None
     elif not force and out.is_dir() and any(p.name != ".lock" for p in out.iterdir()):
         raise FileExistsError(f"{out}: not empty (pass --resume to continue it, --force to "
                               f"start over)")
@@ -60,6 +109,14 @@ def first_difference(a, b, where=""):
         elif a.get(key) != b.get(key):
             return f"{where}{key}: {a.get(key)!r} -> {b.get(key)!r}"
     return None
+
+
+def begin(out, saved, params, state, rngs, resume):
+    """(first step, seconds trained, metrics): from the checkpoint if resuming from one (params,
+    state and rngs restored in place), else from step 0 (start_run)."""
+    if resume and (out / "checkpoint.npz").is_file():
+        return load_checkpoint(out, params, state, rngs)
+    return 0, 0.0, start_run(out, saved)
 
 
 def start_run(out, saved):

@@ -1,9 +1,6 @@
-"""Training: TrainConfig, one step, and the loop with its evaluations and checkpoints.
-
-A run writes one directory (machinery/runs.py lists its files) and can be stopped at any
-point: `train(cfg, out, resume=True)` continues from the last checkpoint to the same bits.
-Training never reads image embeddings.
-"""
+"""Training: TrainConfig, one step, and the loop with its evaluations and checkpoints. A run
+can be stopped at any point: `train(cfg, out, resume=True)` continues to the same bits.
+Training never reads image embeddings."""
 import dataclasses
 import json
 import os
@@ -14,28 +11,24 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import (check_run_dir, config_json, load_checkpoint, record,
-                         record_divergence, save_checkpoint, savez, start_run)
+from .checkpoint import (begin, check_run_dir, config_json, evaluate, record,
+                         record_divergence, save_checkpoint, savez)
 from .data import SPLIT_SEED, load_captions, sample_batch, split_photos, tokenize_photos
-from .metrics import collapse_stats, paraphrase_r_at_1
-from .model import ModelConfig, encode, init_params
-from .objectives import CAUSAL, OBJECTIVES, ObjectiveConfig
+from .model import ModelConfig, init_params
+from .objectives import OBJECTIVES, ObjectiveConfig
 from .optim import adam_init, adam_step, clip_grad_norm, lr_at
 from .tokenizer import build_tokenizer
 
-EVAL_SLOTS = 5              # caption slots embedded per val/test photo (train: 2)
-EVAL_BATCH = 500            # captions per forward pass when embedding
 CHECKPOINT_SECONDS = 600    # a stop loses at most this much training
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a run. Defaults: the replicated setting (3000 steps of 256
-    photos, two captions each: 512 captions a step for every objective)."""
+    """Everything that defines a run. Defaults: the replicated setting."""
     objective: str = "good_views"   # a key of objectives.OBJECTIVES
     captions: str = ""              # the captions file
     steps: int = 3000
-    batch_photos: int = 256         # photos per step; each gives two captions
+    batch_photos: int = 256         # photos per step; each gives two captions (512 a step)
     lr: float = 1e-3                # peak AdamW step size
     warmup_steps: int = 100         # linear warm-up, then cosine decay
     min_lr_ratio: float = 0.1       # the cosine ends at min_lr_ratio * lr
@@ -102,49 +95,11 @@ def init_weights(cfg, rng):
     return params
 
 
-def embed(params, tokens, model, causal, encoder=encode):
-    """Caption embeddings z (N, D), EVAL_BATCH captions at a time, each chunk cut to its
-    longest caption. encoder: model.encode, or a variant's."""
-    out = []
-    for i in range(0, len(tokens), EVAL_BATCH):
-        chunk = tokens[i:i + EVAL_BATCH]
-        out.append(encoder(params, chunk[:, :(chunk != 0).sum(axis=1).max()], model, causal)[0])
-    return np.concatenate(out)                                            # (N, D)
-
-
-def evaluate(params, cfg, data, out, step, splits):
-    """Embed caption slot s = 0, 1, ... of every photo of each split, save them as
-    captions/<split>_stepNNNNN.npz (float16) and return the text metrics of val and test:
-    paraphrase R@1 (slot 0 finds slot 1 of the same photo) and the collapse diagnostics."""
-    entry = {"step": step}
-    for split in splits:
-        table = data["tables"][split]
-        arrays, slots = {}, []
-        for s in range(min(EVAL_SLOTS if split != "train" else 2, table.counts.max())):
-            photos = np.flatnonzero(table.counts > s)                     # (P_s,)
-            rows = table.offsets[photos] + s
-            tokens = table.tokens[rows, :table.lengths[rows].max()]       # (P_s, T)
-            with np.errstate(over="ignore", invalid="ignore"):
-                z = embed(params, tokens, cfg.model, CAUSAL[cfg.objective],
-                          getattr(OBJECTIVES[cfg.objective], "encode", encode)).astype(np.float16)
-            arrays[f"slot{s}_image_ids"] = data["captions"].image_ids[table.photo_idx[photos]]
-            arrays[f"slot{s}_z"] = z
-            slots.append(z.astype(np.float32))                            # what is saved
-        if not all(np.isfinite(z).all() for z in slots):
-            raise record_divergence(out, step, f"{split} caption embeddings not finite in float16")
-        savez(out / "captions" / f"{split}_step{step:05d}.npz", **arrays)
-        if split != "train":
-            entry[split] = {"paraphrase_R@1": paraphrase_r_at_1(slots[0], slots[1]),
-                            "chance": 1.0 / len(slots[0]), **collapse_stats(slots[0])}
-    return entry
-
-
 def train(cfg, out, resume=False, force=False, progress=None, stop_after=None, data=None):
-    """Train one run into directory `out` and return its metrics dict. resume: continue the
-    run in `out` from its checkpoint (a finished run: its metrics); force: start `out` over;
-    progress: a tqdm bar (True), plain lines (False), by terminal (None); stop_after: stop as
-    if killed after this many steps (tests); data: prepare(cfg), if already made. Inputs are
-    checked before `out` is written."""
+    """Train one run into directory `out`; return its metrics. resume: continue from its
+    checkpoint (a finished run: its metrics); force: start over; progress: a tqdm bar (True),
+    plain lines (False), by terminal (None); stop_after: stop as if killed (tests); data:
+    prepare(cfg), if made already. Inputs are checked before `out` is written."""
     out = Path(out)
     data = data or prepare(cfg)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
@@ -155,22 +110,16 @@ def train(cfg, out, resume=False, force=False, progress=None, stop_after=None, d
     params = init_weights(cfg, rng_init)
     state = adam_init(params)
     saved = config_json(cfg, data, params)
-    check_run_dir(out, saved, resume, force)
-    if resume and (out / "metrics.json").is_file():                      # finished already?
-        metrics = json.loads((out / "metrics.json").read_text())
-        if "final" in metrics:
-            return metrics
-    if resume and (out / "checkpoint.npz").is_file():   # weights, moments, streams, metrics
-        first_step, seconds, metrics = load_checkpoint(out, params, state, (rng_data, rng_mask))
-    else:
-        first_step, seconds = 0, 0.0
-        metrics = start_run(out, saved)
+    finished = check_run_dir(out, saved, resume, force)    # a finished run: its metrics
+    if finished:
+        return finished
+    # Resume from the checkpoint (weights, moments, streams, metrics), or begin at step 0.
+    first_step, seconds, metrics = begin(out, saved, params, state, (rng_data, rng_mask), resume)
     print(f"[{cfg.objective}] vocabulary {cfg.model.vocab_size} {cfg.tokenizer}, "
           f"{saved['info']['parameters']:,} parameters, photos {saved['info']['photos']}",
           flush=True)
 
-    t_start = time.perf_counter() - seconds
-    t_saved = time.perf_counter()
+    t_start, t_saved = time.perf_counter() - seconds, time.perf_counter()
     plain = not (os.isatty(2) if progress is None else progress)
     with open(out / "log.jsonl", "ab") as log, tqdm(total=cfg.steps, initial=first_step,
                                                     desc=cfg.objective, disable=plain) as bar:

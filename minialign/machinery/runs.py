@@ -20,8 +20,8 @@ import numpy as np
 from ..model import encode
 from ..objectives import CAUSAL, OBJECTIVES
 from ..tokenizer import Tokenizer, pad_batch
-from ..checkpoint import atomic_write, savez, sha256_file, write_json  # noqa: F401
-from ..train import TrainConfig, embed
+from ..checkpoint import atomic_write, embed, savez, sha256_file, write_json  # noqa: F401
+from ..train import TrainConfig
 from ..wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
 from . import variants  # noqa: F401 (a run of a named variant names it in its config)
 
