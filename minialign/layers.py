@@ -213,9 +213,8 @@ def token_rows(mask, causal, dtype):
 
 
 def attention_forward(x, w_qkv, b_qkv, w_o, b_o, rows, n_heads):
-    """mha_forward on the rows of real tokens: put them back on the (B, T, D) grid (zeros at
-    padding), run the dense attention with the batch's bias, keep the real tokens' outputs.
-    x: (n, D) rows of token_rows(...) = rows; weights as mha_forward. Returns y (n, D), a cache."""
+    """mha_forward on the rows x (n, D) of real tokens: back on the (B, T, D) grid (zeros at
+    padding), dense attention with the batch's bias, the real tokens' outputs y (n, D)."""
     grid = np.zeros((*rows.mask.shape, x.shape[1]), dtype=x.dtype)       # (B, T, D)
     grid[rows.mask] = x                                                   # real tokens in place
     y, c_mha = mha_forward(grid, w_qkv, b_qkv, w_o, b_o, rows.bias, n_heads)  # (B, T, D)
@@ -232,8 +231,7 @@ def attention_backward(dy, cache):
 
 
 def pool_forward(h, rows):
-    """mean_pool_forward over the rows' captions: z[b] = mean of caption b's rows.
-    h: (n, D) rows of token_rows(...) = rows. Returns z (B, D) and a cache."""
+    """z[b] (B, D) = mean of caption b's rows of h (n, D): mean_pool_forward over `rows`."""
     return mean_pool_forward(h, rows.seq, rows.mask.shape[0])             # (B, D)
 
 
@@ -244,10 +242,8 @@ def pool_backward(dz, cache):
 
 # ---------------------------------------------------------------- the tied next-token head
 def lm_head_forward(hf, tok_emb):
-    """Next-token logits with the output matrix tied to the token embedding (Press & Wolf 2017):
-    logits = hf @ tok_emb^T, no bias, so the head adds no parameters.
-    hf: (n, D) final hidden states at the positions that have a target; tok_emb: (V, D).
-    Returns logits (n, V) and a cache."""
+    """Next-token logits through the token embedding (tied, Press & Wolf 2017): logits (n, V) =
+    hf @ tok_emb^T, no bias. hf: (n, D) states of the positions that have a target."""
     logits = hf @ tok_emb.T                                               # (n, V)
     return logits, (hf, tok_emb)
 

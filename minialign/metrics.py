@@ -1,10 +1,7 @@
 """Evaluation metrics. Text side: recall_at_k, paraphrase_r_at_1, collapse_stats. Alignment
 with frozen image embeddings of the same photos: mutual_knn, and caption -> image R@k after a
-rotation fitted on the train photos (fit_procrustes, then rotated_recall).
-
-Sizes: N photos, D caption width, D_img image width, K neighbours. Every metric computes in
-float64 and every sort is stable, so ties always go to the lower index.
-"""
+rotation fitted on the train photos (fit_procrustes, then rotated_recall). N photos, D and
+D_img widths; float64 throughout; every sort stable, so ties go to the lower index."""
 import numpy as np
 
 DEFAULT_KS = (1, 5, 10)  # R@1, R@5, R@10
