@@ -26,9 +26,8 @@ QUICK_ARGS      = --captions $(QUICK_CAPTIONS) --out results/coco-quick$(SUFFIX)
 	$(if $(QUICK_VOCAB),--tokenizer wordpiece --vocab $(QUICK_VOCAB)) $(call HAVE,$(QUICK_EMB)) $(COMMON)
 FULL_ARGS = --captions $(SUBSET) --out results/coco$(SUFFIX) $(WORDPIECE) $(call IMAGES,$(EMBEDDINGS)) $(COMMON)
 WORLD      = results/synthetic/world
-DEMO_ARGS  = --captions $(WORLD)/captions_synthetic.json --embeddings $(WORLD)/embeddings_synthetic.npz \
-	--steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 --lr-min 1e-3 \
-	--lr-max 1e-2 --d-model 64 --n-layers 1 --n-heads 4
+DEMO_RUNS  = --captions $(WORLD)/captions_synthetic.json --embeddings $(WORLD)/embeddings_synthetic.npz \
+	--steps 500 --batch-photos 128 --warmup-steps 25 --eval-every 50 --lr 3.16e-3 --d-model 64 --n-layers 1 --n-heads 4
 .PHONY: help install install-export test lines data embeddings train demo replicate eta replicate-quick eta-quick scaling report ablations bench bench-torch exercises grade
 
 help:            ## this list
@@ -52,7 +51,7 @@ train:           ## one run: make train OBJECTIVE=next_token SEED=1 (rerun: it r
 $(WORLD)/captions_synthetic.json:
 	$(PY) -m minialign synthetic --out $(WORLD)
 demo: $(WORLD)/captions_synthetic.json  ## the whole protocol on a SYNTHETIC world, no download
-	OPENBLAS_NUM_THREADS=1 $(PY) -m minialign replicate $(DEMO_ARGS) --out results/synthetic$(SUFFIX) $(COMMON)
+	OPENBLAS_NUM_THREADS=1 $(PY) -m minialign replicate $(DEMO_RUNS) --lr-min 1e-3 --lr-max 1e-2 --out results/synthetic$(SUFFIX) $(COMMON)
 replicate:       ## 3 objectives x 3 seeds + the lr search at the replication's size; rerun resumes
 	$(PY) -m minialign replicate $(FULL_ARGS)
 eta:             ## how long `make replicate` takes here; writes nothing
@@ -67,7 +66,7 @@ scaling:         ## encoder sizes x 3 objectives x 3 seeds (--dry-run: how long)
 report:          ## a results directory's table and figures again: make report RESULTS=DIR [EMB=FILE]
 	$(PY) -m minialign report $(RESULTS) $(if $(EMB),--embeddings $(EMB))
 ablations: $(WORLD)/captions_synthetic.json  ## each named variant against the default, on the demo's protocol
-	OPENBLAS_NUM_THREADS=1 $(PY) scripts/ablations.py $(DEMO_ARGS) --out results/ablations$(SUFFIX) \
+	OPENBLAS_NUM_THREADS=1 $(PY) scripts/ablations.py $(DEMO_RUNS) --out results/ablations$(SUFFIX) \
 	    --layers $(LAYERS) --dtype $(DTYPE) $(if $(JOBS),--jobs $(JOBS))
 bench:           ## ms per step of each objective, fast and reference layer sets, against numpy's sgemm peak
 	$(PY) benchmarks/bench.py $(if $(QUICK_CAPTIONS),--captions $(QUICK_CAPTIONS))
