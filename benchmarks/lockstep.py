@@ -1,7 +1,7 @@
 """Two runs of one config side by side, from the same weights and the same batches, differing
 only in how they round (layer set, arithmetic): how far their weights drift apart, step by step.
 
-    python benchmarks/lockstep.py --captions results/synthetic/world-v2/captions_synthetic.json \\
+    python benchmarks/lockstep.py --captions results/synthetic/world/captions_synthetic.json \\
         --a fast:float32 --b reference:float32
 
 A run is LAYERS:DTYPE (fast|reference : float32|float64). The other flags default to the
