@@ -20,8 +20,9 @@ WORDPIECE   = --tokenizer wordpiece --vocab $(VOCAB)
 # replicate-quick needs no download: the subset, else COCO val2017 captions (here or beside)
 QUICK_CAPTIONS ?= $(firstword $(wildcard $(SUBSET) coco/annotations/captions_val2017.json $(SHARED)/coco/captions_val2017.json))
 QUICK_VOCAB    ?= $(firstword $(wildcard $(VOCAB) $(SHARED)/tokenizers/bert-base-uncased-vocab.txt))
+QUICK_CHECK     = $(if $(QUICK_CAPTIONS),,$(error no captions file: `make data`, or COCO's captions_val2017.json in coco/annotations/))
 QUICK_EMB       = $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDINGS),embeddings/coco_val2017_dinov2-base.npz)
-QUICK_ARGS      = --captions $(QUICK_CAPTIONS) --out results/coco-quick$(SUFFIX) --seeds 0 \
+QUICK_ARGS      = $(QUICK_CHECK)--captions $(QUICK_CAPTIONS) --out results/coco-quick$(SUFFIX) --seeds 0 \
 	--steps 200 --batch-photos 128 --warmup-steps 20 --eval-every 50 --lr-per-decade 0 \
 	$(if $(QUICK_VOCAB),--tokenizer wordpiece --vocab $(QUICK_VOCAB)) $(call HAVE,$(QUICK_EMB)) $(COMMON)
 FULL_ARGS = --captions $(SUBSET) --out results/coco$(SUFFIX) $(WORDPIECE) $(call IMAGES,$(EMBEDDINGS)) $(COMMON)

@@ -116,6 +116,8 @@ def begin(out, saved, params, state, rngs, resume):
     state and rngs restored in place), else from step 0 (start_run)."""
     if resume and (out / "checkpoint.npz").is_file():
         return load_checkpoint(out, params, state, rngs)
+    if resume and (out / "config.json").is_file():
+        print(f"{out}: no checkpoint yet, starting at step 0", flush=True)
     return 0, 0.0, start_run(out, saved)
 
 

@@ -215,8 +215,10 @@ def cmd_replicate(p, sweep=False):
         p.add_argument("--center", nargs=2, type=at_least(1), default=grid.CENTER,
                        metavar=("D", "L"))
     else:
-        p.add_argument("--lr-min", type=at_least(0.0, float), default=1e-4)
-        p.add_argument("--lr-max", type=at_least(0.0, float), default=1e-2)
+        p.add_argument("--lr-min", type=at_least(0.0, float), default=1e-4,
+                       help="the lr search's lowest lr (default: 1e-4)")
+        p.add_argument("--lr-max", type=at_least(0.0, float), default=1e-2,
+                       help="its highest (default: 1e-2); a pick at an edge extends it")
         p.add_argument("--lr-per-decade", type=at_least(0), default=2,
                        help="the lr search's points per decade; 0: no search")
     p.add_argument("--jobs", type=at_least(1), help="runs at once (default: one per core, as "
@@ -322,6 +324,9 @@ def main(argv=None):
     except FloatingPointError as e:                    # checkpoint.Diverged
         print(f"minialign {args.command}: {e}", file=sys.stderr)
         return 3
+    except BrokenPipeError:                            # `... | head`: end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (OSError, ValueError, ImportError) as e:
         print(f"minialign {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -329,7 +334,9 @@ def main(argv=None):
         print(f"minialign {args.command}: not done yet: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second signal: no traceback
         how = "terminated" if isinstance(stop, Terminated) else "interrupted"
         again = "with --resume" if args.command == "train" else "the same command"
-        print(f"minialign {args.command}: {how}; rerun {again} to continue", file=sys.stderr)
+        print(f"minialign {args.command}: {how}; rerun {again} to continue from the last "
+              f"checkpoint", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
