@@ -31,6 +31,7 @@ from minialign.model import ModelConfig, layer_set
 from minialign.objectives import OBJECTIVES, next_token_targets
 from minialign.optim import adam_init
 from minialign.tokenizer import PAD
+from minialign.machinery.cli import keep_freed_memory
 from minialign.train import TrainConfig, init_weights, prepare, train_step
 
 CAPTIONS = next((f for f in ("coco/captions_train2017_subset10000_seed0.json",
@@ -132,6 +133,7 @@ def child(args):
     tokens = np.load(args.tokens)                                         # (2B, T) a | b
     B = len(tokens) // 2
     cfg = config(args, name, layers, args.vocab_size)
+    keep_freed_memory()                                                   # as train's process
     if layers == "fast":
         layer_set(cfg.model).set_threads(args.threads)
     rng_init, _, rng_mask = map(np.random.default_rng, np.random.SeedSequence(cfg.seed).spawn(3))
