@@ -1,11 +1,7 @@
-"""`python -m minialign data`: under --root (default coco/), COCO 2017's captions
-(annotations/captions_{train,val}2017.json, from the sha256-checked zip), the subset
-captions_train2017_subset10000_seed0.json (data.split_photos: 8000/1000/1000),
-bert-base-uncased-vocab.txt, and train2017/*.jpg, the subset's photos. Every file is complete
-or absent: a download goes to NAME.part (resumed with a Range request after a cut), renamed onto
-NAME once checked (the zip and the vocabulary by sha256, a photo by its width x height and a
-full decode). Every hop is HTTPS unless allow_http.
-"""
+"""`python -m minialign data`: under --root, COCO 2017's captions (from the sha256-checked zip),
+the subset captions_train2017_subset10000_seed0.json, BERT's vocabulary (sha256) and the subset's
+photos train2017/*.jpg (checked by size and a full decode). Each file is complete or absent
+(NAME.part, resumed by Range, renamed once checked); every hop is HTTPS unless allow_http."""
 import http.client
 import json
 import os
@@ -75,11 +71,9 @@ class _HttpsOnly(urllib.request.HTTPRedirectHandler):
 
 def download(url, dest, sha256=None, check=None, allow_http=False, retries=4, backoff=1.0,
              timeout=60, progress=False):
-    """Fetch url to dest (a Path), kept if there with this sha256 (or none asked). The bytes go
-    to dest.part, resumed after a cut, renamed onto dest once they have the sha256 and check(path)
-    returns None (else a phrase). Cuts, timeouts, HTTP 5xx and 429 are tried `retries` times more
-    after backoff * 2**k s. Raises DownloadError (.part kept, to resume) or ValueError (a failed
-    check: .part deleted; plain HTTP), one line starting with the url."""
+    """Fetch url to dest (kept if there with this sha256) via dest.part, renamed once it has the
+    sha256 and check(path) returns None (else a phrase). Cuts, timeouts, 5xx, 429: retried after
+    backoff * 2**k s. DownloadError (.part kept) or ValueError (.part deleted), url first."""
     refuse_http(url, allow_http)
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
@@ -114,13 +108,13 @@ def _get(url, part, allow_http, timeout, progress):
     """One GET appending to part (from its end, "Range: bytes=N-") and fsyncing it."""
     have = part.stat().st_size if part.is_file() else 0
     headers = {"User-Agent": "minialign/1", **({"Range": f"bytes={have}-"} if have else {})}
+    opener = urllib.request.build_opener(_HttpsOnly(allow_http))
     try:
-        response = urllib.request.build_opener(_HttpsOnly(allow_http)).open(
-            urllib.request.Request(url, headers=headers), timeout=timeout)
+        response = opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as err:
         err.close()
-        if err.code == 416 and have:          # nothing after byte `have`: part is whole (or
-            return                            # longer, which the sha256 check refuses)
+        if err.code == 416 and have:          # part is whole (or longer: the sha256 refuses it)
+            return
         if err.code >= 500 or err.code == 429:
             raise _Retry(f"HTTP {err.code} {err.reason}") from None
         raise DownloadError(f"{url}: HTTP {err.code} {err.reason}; check the URL") from None
@@ -156,10 +150,8 @@ def _get(url, part, allow_http, timeout, progress):
             raise _Retry(f"transfer cut short at {part.stat().st_size} of {total} bytes")
 
 
-# ---------------------------------------------------------------- the captions and the subset
 def get_annotations(root, url=ANNOTATIONS_URL, allow_http=False, progress=False):
-    """{"train", "val"}: root/annotations/captions_{train,val}2017.json, extracted from the
-    checked zip (then deleted); skipped when both are there."""
+    """{"train", "val"}: the two captions files, extracted from the checked zip (then deleted)."""
     folder = Path(root) / "annotations"
     paths = {split: folder / Path(member).name for split, member in MEMBERS.items()}
     if all(p.is_file() for p in paths.values()):
@@ -177,8 +169,7 @@ def get_annotations(root, url=ANNOTATIONS_URL, allow_http=False, progress=False)
 
 
 def choose_subset(captions, num_photos, seed):
-    """The subset of a COCO captions JSON file (SUBSET_RULE; >= 2 distinct so data.py keeps
-    each photo) as a COCO captions dict, annotations in file order."""
+    """The subset (SUBSET_RULE) of a COCO captions file as a COCO captions dict."""
     coco, by_photo = read_json(captions), {}
     for ann in coco["annotations"]:
         by_photo.setdefault(ann["image_id"], []).append(ann["caption"])
@@ -204,24 +195,21 @@ def choose_subset(captions, num_photos, seed):
             "annotations": [a for a in coco["annotations"] if a["image_id"] in chosen]}
 
 
-# ---------------------------------------------------------------- the photos
-def check_photo(path, width, height):
-    """None if the photo's header says width x height (read before any pixel is decoded, with
-    Pillow's decompression-bomb guard on) and it decodes fully; else what is wrong."""
-    try:
-        with Image.open(path) as image:
-            if image.size != (width, height):
-                return f"size {image.size[0]}x{image.size[1]}, expected {width}x{height}"
-            image.load()
-    except Exception as err:                   # Pillow raises many types on bad bytes
-        return f"not a readable image ({type(err).__name__}: {err})"
-
-
 def fetch_photos(subset, out_dir, workers=8, images_url=IMAGES_URL, allow_http=False,
                  progress=False):
-    """The subset file's photos into out_dir, `workers` at a time; returns (fetched, present).
-    Raises OSError naming the ids that failed, once the others are done."""
+    """The subset file's photos into out_dir, `workers` at a time, each checked by its header's
+    width x height (before decoding, Pillow's bomb guard on) and a full decode. Returns (fetched,
+    present); OSError naming the ids that failed, once the others are done."""
     records = read_json(subset)["images"]
+
+    def check(path, width, height):
+        try:
+            with Image.open(path) as image:
+                if image.size != (width, height):
+                    return f"size {image.size[0]}x{image.size[1]}, expected {width}x{height}"
+                image.load()
+        except Exception as err:               # Pillow raises many types on bad bytes
+            return f"not a readable image ({type(err).__name__}: {err})"
 
     def one(r):
         path = Path(out_dir) / r["file_name"]
@@ -229,7 +217,7 @@ def fetch_photos(subset, out_dir, workers=8, images_url=IMAGES_URL, allow_http=F
             return "present"
         try:
             download(f"{images_url.rstrip('/')}/train2017/{r['file_name']}", path,
-                     check=lambda p: check_photo(p, r["width"], r["height"]),
+                     check=lambda p: check(p, r["width"], r["height"]),
                      allow_http=allow_http)
         except (OSError, ValueError) as err:
             return f"photo {r['id']}: {err}"
@@ -249,13 +237,11 @@ def fetch_photos(subset, out_dir, workers=8, images_url=IMAGES_URL, allow_http=F
     return done.count("fetched"), done.count("present")
 
 
-# ---------------------------------------------------------------- the command
 def run_data(root="coco", num_photos=10000, seed=0, images=True, workers=8,
              annotations_url=ANNOTATIONS_URL, images_url=IMAGES_URL, vocab_url=VOCAB_URL,
              allow_http=False, force=False, progress=None):
-    """`python -m minialign data`: captions -> subset (written once; force: again) -> BERT's
-    vocabulary -> the subset's photos (if images). One process at a time per root (its OS
-    lock). progress: tqdm bars (None: if stderr is a terminal)."""
+    """Captions -> subset (written once; force: again) -> vocabulary -> photos (if images), one
+    process per root (an OS lock). progress: tqdm bars (None: if stderr is a terminal)."""
     for flag, url in (("--annotations-url", annotations_url), ("--images-url", images_url),
                       ("--vocab-url", vocab_url)):
         refuse_http(url, allow_http, flag)
