@@ -1,12 +1,6 @@
-"""The grid, `replicate` and `scaling`: every objective x seed (x size) at base.lr, then the
-lr search per objective on the first seed; N runs at once, each one process `python -m
-minialign train ... --resume --threads 1` (BLAS on one thread), resumed after any stop to the
-same bits, timed beforehand (--dry-run), or written as a Slurm job array.
-
-    OUT/protocol.json    the protocol; a rerun with other settings is refused
-    OUT/runs/NAME/       a train.train run: good_views-lr1.00e-03-seed0 (-d128-l4- in a sweep)
-    OUT/logs/NAME.log    a run's output when several run at once
-"""
+"""`replicate`, `scaling`: objectives x seeds (x sizes), then an lr search per objective; N runs
+at once, each `python -m minialign train ... --resume`. Writes OUT/protocol.json (a rerun with
+other settings is refused), OUT/runs/NAME/, OUT/logs/NAME.log (when several run at once)."""
 import contextlib
 import ctypes
 import dataclasses
@@ -25,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import first_difference
+from ..checkpoint import config_json, first_difference
 from ..objectives import CAUSAL
-from ..checkpoint import config_json
 from ..train import TrainConfig, init_weights, prepare, train
 from . import cli, images, runs, variants  # noqa: F401 (variants: named objectives to list)
 
@@ -40,11 +33,9 @@ EXIT_DIVERGED = 3              # cli.py's exit code of a diverged run
 MEM_BASE_MB, MEM_MARGIN, MEM_FREE_MB = 150, 1.2, 500   # run_memory_mb; memory left free
 
 
-# ---------------------------------------------------------------- the protocol
 @dataclasses.dataclass
 class Protocol:
-    """base: every run's TrainConfig but objective, seed, lr (base.lr: the seed grid's) and,
-    in a sweep (sizes: (D, L), ...), width and depth. Raises ValueError, one line."""
+    """base: every run's TrainConfig but objective, seed, lr, size (D, L). Raises ValueError."""
     base: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     objectives: tuple = OBJECTIVES
     seeds: tuple = SEEDS
@@ -129,16 +120,14 @@ def load_protocol(out):
         raise ValueError(f"{path}: not a protocol of this minialign ({err})") from None
 
 
-# ---------------------------------------------------------------- the lr search
 def grid_lr(protocol, k):
     """lr_min * 10^(k / lr_per_decade) to 3 digits (1e-3, 3.16e-3), from the integer k."""
     return float(f"{protocol.lr_min * 10 ** (k / protocol.lr_per_decade):.3g}")
 
 
 def lr_search(protocol, score_of):
-    """One objective's search replayed; score_of(lr): higher is better, -inf diverged, None not
-    finished. Returns {"lrs" ascending, "scores", "missing", "chosen" (None while any is
-    missing), "interior"}; a best on an edge adds the next lr beyond it, max_extensions times."""
+    """score_of(lr): higher better, -inf diverged, None not done. Returns {"lrs", "scores",
+    "missing", "chosen" (None while any is missing), "interior"}; an edge best extends it."""
     n = round(math.log10(protocol.lr_max / protocol.lr_min) * protocol.lr_per_decade) + 1
     ks = list(range(n))                                           # the first grid
     while True:
@@ -172,9 +161,8 @@ def selection_score(run_dir, emb=None, memo=None):
 
 
 def wanted_runs(protocol, out, score=selection_score):
-    """({name: cfg} needed so far, in start order: the seed grid, then each search's lrs,
-    {objective: lr_search over OUT's runs, score(run_dir)})."""
-    wanted, searches = {run_name(protocol, cfg): cfg for cfg in seed_grid(protocol)}, {}
+    """({name: cfg} needed so far, seed grid first; {objective: lr_search of score(run_dir)})."""
+    wanted, searches = {run_name(protocol, c): c for c in seed_grid(protocol)}, {}
     for obj in protocol.objectives if protocol.lr_per_decade else ():
         at_lr = lambda lr: run_config(protocol, obj, protocol.seeds[0], lr)
         searches[obj] = lr_search(protocol, lambda lr: score(
@@ -184,10 +172,8 @@ def wanted_runs(protocol, out, score=selection_score):
     return wanted, searches
 
 
-# ---------------------------------------------------------------- replicate
 def run_memory_mb(cfg, vocab_size):
-    """One run's peak memory, MB, estimated high: the base, activations, weights with their
-    gradient and Adam's moments, a causal objective's logits; float64 doubles all but the base."""
+    """One run's peak memory, MB, estimated high (float64 doubles all but the base)."""
     m, V = cfg.model, vocab_size
     n = 2 * cfg.batch_photos * 14              # tokens a step: a COCO caption ~14 with BOS, EOS
     activations = n * m.d_model * (90 * m.n_layers + 100)
@@ -198,8 +184,7 @@ def run_memory_mb(cfg, vocab_size):
 
 
 def choose_jobs(jobs, per_run_mb, n_runs, cores=None, free_mb=None):
-    """--jobs: by default one run per core, at most the runs, at most what fits in memory; a
-    count that does not fit is refused (ValueError, one line)."""
+    """--jobs: default one per core, at most n_runs and what fits; too many: ValueError."""
     cores = cores or cli.cores()
     if free_mb is None:                   # Linux's MemAvailable, else half the physical memory
         with contextlib.suppress(OSError, IndexError):
@@ -230,8 +215,7 @@ def hours(s):
 
 
 def train_argv(cfg, run_dir):
-    """`python -m minialign train --out RUN_DIR --resume --threads 1`, the objective, captions,
-    seed, lr and every field off TrainConfig's defaults (floats by repr: exact)."""
+    """`python -m minialign train ...`: every field off TrainConfig's defaults, floats by repr."""
     argv = [sys.executable, "-m", "minialign", "train", "--out", str(run_dir), "--resume",
             "--threads", "1"]
     flat = lambda c: {**dataclasses.asdict(c), **dataclasses.asdict(c.model),
@@ -246,8 +230,7 @@ def train_argv(cfg, run_dir):
 
 
 def start(cfg, run_dir, log):
-    """A run's process, BLAS on one thread (THREAD_ENV). On Linux it gets SIGTERM (a clean
-    stop) when the grid's process dies, even by kill -9 (PR_SET_PDEATHSIG = 1)."""
+    """A run's process, BLAS on one thread; on Linux SIGTERM when we die (PR_SET_PDEATHSIG)."""
     return subprocess.Popen(train_argv(cfg, run_dir), stdin=subprocess.DEVNULL,
                             env={**os.environ, **{name: "1" for name in THREAD_ENV}},
                             stdout=log, stderr=subprocess.STDOUT if log else None,
@@ -256,8 +239,7 @@ def start(cfg, run_dir, log):
 
 
 def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
-    """`replicate`, `scaling`: check every input, run the protocol into OUT `jobs` runs at once,
-    report (dry_run: `estimate`). Returns {"runs": {name: state}, "lr_search": searches}."""
+    """Check the inputs, run the protocol, report. Returns {"runs": ..., "lr_search": ...}."""
     out, plan, tag = Path(out), planned(protocol), f"[{protocol.kind}]"
     info, emb = check_inputs(protocol, out, embeddings)
     jobs = choose_jobs(jobs, max(run_memory_mb(cfg, info["vocab_size"]) for cfg in plan.values()),
@@ -283,8 +265,7 @@ def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
 
 
 def check_inputs(protocol, out, embeddings=None):
-    """Check (one line naming the file) the captions, vocabulary, embeddings, OUT/protocol.json
-    once OUT holds a run. Returns (the first run's config.json "info", Embeddings or None)."""
+    """Check every input file (one line naming it). Returns (config.json "info", Embeddings)."""
     cfg, emb, path = seed_grid(protocol)[0], None, Path(out) / "protocol.json"
     data = prepare(cfg)
     if path.is_file() and any(Path(out).glob("runs/*/config.json")):
@@ -310,8 +291,7 @@ def save_protocol(out, protocol, embeddings=None):
 
 
 def run_grid(protocol, out, jobs, score, tag):
-    """In the locked OUT: start wanted runs while a slot is free, look again when one ends. A
-    failed run (OSError, one line) or Ctrl-C stops the runs in progress. Returns {name: state}."""
+    """Start wanted runs while a slot is free; a failed run (OSError) stops the others."""
     running, ended = {}, {}                 # {name: (process, log, start time)}, {name: state}
     try:
         while True:
@@ -330,10 +310,9 @@ def run_grid(protocol, out, jobs, score, tag):
                 return ended
             while all(process.poll() is None for process, _, _ in running.values()):
                 time.sleep(0.2)
-            for name, (process, log, _) in list(running.items()):
-                if (code := process.poll()) is None:
-                    continue
-                del running[name]
+            for name in [n for n, (p, _, _) in running.items() if p.poll() is not None]:
+                process, log, _ = running.pop(name)
+                code = process.poll()
                 log and log.close()
                 if code not in (0, EXIT_DIVERGED):
                     raise OSError(f"{name}: its run's process failed (exit code {code}); its "
@@ -362,10 +341,8 @@ def eta_line(out, wanted, running, ended, jobs):
     return f"{done}, ETA {hours(makespan(left, jobs))}"
 
 
-# ---------------------------------------------------------------- eta and Slurm
 def time_run(cfg, steps=3):
-    """1 + `steps` steps of cfg in a temporary directory, quietly: {"step_s": median of the
-    last `steps`, "fixed_s": the rest (data, init, every split at step 0), "val_share"}."""
+    """1 + steps steps of cfg, quietly: {"step_s" (median), "fixed_s", "val_share"}."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         t0 = time.perf_counter()
         train(dataclasses.replace(cfg, eval_every=10**9), tmp, progress=False,
@@ -384,8 +361,7 @@ def run_seconds(cfg, timed):
 
 
 def estimate(protocol, out, jobs):
-    """--dry-run: time each objective (and size) here, on one thread as a run; print how long
-    the runs left in OUT take on `jobs` slots, and at most. Writes nothing."""
+    """--dry-run: time each group here; print how long the runs left take. Writes nothing."""
     plan = planned(protocol)
     left = [n for n in plan if not state(Path(out) / "runs" / n)]
     first = list(plan)[:len(protocol.objectives)]             # one run of each objective
@@ -401,16 +377,13 @@ def estimate(protocol, out, jobs):
     extra = protocol.max_extensions * makespan(took(first), jobs) * bool(protocol.lr_per_decade)
     more = (f", up to {hours(seconds + extra)} if every lr search extends its grid "
             f"({protocol.max_extensions * len(protocol.objectives)} more runs)" if extra else "")
-    print(f"[eta] {len(left)} of {len(plan)} runs left, --jobs {jobs}: {hours(seconds)}{more}",
-          flush=True)
+    print(f"[eta] {len(left)} of {len(plan)} runs left, --jobs {jobs}: {hours(seconds)}{more}")
     return {"left": len(left), "seconds": seconds, "seconds_max": seconds + extra}
 
 
 def slurm_script(protocol, out, embeddings=None):
-    """An sbatch array of the runs `replicate` would start now, one per task on one core (once
-    it has ended, written again: what is still missing). Writes OUT/protocol.json, OUT/logs/."""
-    out = Path(out)
-    info, emb = check_inputs(protocol, out, embeddings)
+    """An sbatch array of the runs `replicate` would start now, one core each."""
+    out, (info, emb) = Path(out), check_inputs(protocol, out, embeddings)
     with runs.lock(out):
         save_protocol(out, protocol, embeddings)
         todo = {name: cfg for name, cfg in wanted_runs(
