@@ -5,11 +5,10 @@ are computed from the runs' saved caption embeddings each time. `compare`: do tw
     python -m minialign report OUT [OUT ...] [--embeddings FILE]
     python -m minialign compare RESULTS [--against docs/demo/results.json]
 
-The noise rule (compare, the lr search's pick): per-seed values x_1..x_n and y_1..y_m with
-sample stds s_x, s_y (ddof 1) have the pooled spread s = sqrt(((n - 1) s_x^2 + (m - 1) s_y^2)
-/ (n + m - 2)) and differ when |mean(x) - mean(y)| > max(2 s sqrt(1/n + 1/m), FLOOR): two
-standard errors of a difference of means over independent seeds, never finer than the tables'
-third decimal. The lr search (one seed per lr) takes s from the seed grid.
+The noise rule (compare, the lr search's pick): per-seed values x of n seeds and y of m differ
+when |mean x - mean y| > max(2 s sqrt(1/n + 1/m), FLOOR), s their pooled sample std (ddof 1):
+two standard errors of a difference of means, never finer than the tables' third decimal. The
+lr search (one seed per lr) takes s from the seed grid.
 """
 import math
 from pathlib import Path
@@ -37,10 +36,9 @@ def allowed(s, n, m):
 
 def agreement(x, y):
     """(|mean x - mean y|, allowed difference, pooled spread s) of two lists of per-seed values."""
-    n, m = len(x), len(y)
     ss = sum((len(v) - 1) * float(np.var(v, ddof=1)) for v in (x, y) if len(v) > 1)
-    s = math.sqrt(ss / (n + m - 2)) if n + m > 2 else 0.0
-    return abs(float(np.mean(x)) - float(np.mean(y))), allowed(s, n, m), s
+    s = math.sqrt(ss / (len(x) + len(y) - 2)) if len(x) + len(y) > 2 else 0.0
+    return abs(float(np.mean(x)) - float(np.mean(y))), allowed(s, len(x), len(y)), s
 
 
 def fmt(x, sign=False):
@@ -151,10 +149,8 @@ def collect(out, embeddings=None):
 
 def search(protocol, obj, run):
     """The lr search replayed, its pick's test numbers, margin over the next best, noise."""
-    def score(lr):
-        r = run(obj, protocol.seeds[0], lr)
-        return r.get("val", -math.inf if r["status"] == "diverged" else None)
-    s = grid.lr_search(protocol, score)
+    s = grid.lr_search(protocol, lambda lr: (r := run(obj, protocol.seeds[0], lr)).get(
+        "val", -math.inf if r["status"] == "diverged" else None))
     scores = dict(zip(s["lrs"], s["scores"]))
     best = scores.pop(s["chosen"], None)                    # the largest; None while one is missing
     others = [v for v in scores.values() if v is not None and math.isfinite(v)]
