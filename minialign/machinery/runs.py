@@ -1,14 +1,7 @@
-"""Files: atomic writes, the OS lock on a directory, and what a run directory holds.
-
-A run directory (train.py writes it):
-    config.json    {"config": TrainConfig as a dict, "info": vocabulary, parameters, photos ...}
-    log.jsonl      one line per step
-    metrics.json   {"objective", "seed", "lr", "evals": [...], "final": {...}, ...}
-    captions/<split>_stepNNNNN.npz   slot{s}_image_ids (P_s,) int64, slot{s}_z (P_s, D) float16
-    checkpoint.npz, model.npz, diverged.json, .lock
-Image scores are never stored in a run: images.py computes them from the saved caption
-embeddings against the embeddings file a command is given.
-"""
+"""Files: atomic writes, the OS lock on a directory, and what a run directory holds:
+config.json {"config": TrainConfig, "info"}, log.jsonl (a line a step), metrics.json,
+captions/<split>_stepNNNNN.npz (slot{s}_image_ids (P_s,) int64, slot{s}_z (P_s, D) float16),
+checkpoint.npz, model.npz, diverged.json, .lock. Image scores are never stored (images.py)."""
 import contextlib
 import json
 import os
@@ -24,8 +17,6 @@ from ..checkpoint import atomic_write, embed, savez, sha256_file, write_json  # 
 from ..train import TrainConfig
 from ..wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
 from . import variants  # noqa: F401 (a run of a named variant names it in its config)
-
-CAPTION_FILE = re.compile(r"^(val|test|train)_step(\d+)\.npz$")
 
 
 class Locked(OSError):
@@ -77,11 +68,9 @@ def lock(directory):
 
 def caption_files(run_dir, split):
     """{step: path} of the run's saved caption embeddings of `split`, by step."""
-    found = {}
-    for path in (Path(run_dir) / "captions").glob(f"{split}_step*.npz"):
-        match = CAPTION_FILE.match(path.name)
-        if match:
-            found[int(match.group(2))] = path
+    paths = (Path(run_dir) / "captions").glob(f"{split}_step*.npz")
+    found = {int(m.group(1)): p for p in paths
+             if (m := re.fullmatch(r"(?:val|test|train)_step(\d+)\.npz", p.name))}
     return dict(sorted(found.items()))
 
 
@@ -100,7 +89,6 @@ def load_caption_slots(path):
 
 
 def read_config(run_dir):
-    """The TrainConfig of a run directory. Raises ValueError naming config.json."""
     path = Path(run_dir) / "config.json"
     try:
         return TrainConfig(**read_json(path)["config"])
@@ -113,8 +101,7 @@ def read_metrics(run_dir):
 
 
 def tokenizer_from_vocab(vocab):
-    """The tokenizer saved in model.npz as its vocabulary: WordPiece if it starts with BERT's
-    specials, else words."""
+    """model.npz's vocabulary -> WordPiece if it starts with BERT's specials, else words."""
     vocab = tuple(str(w) for w in vocab)
     wordpiece = vocab[:len(WORDPIECE_SPECIALS)] == WORDPIECE_SPECIALS
     return WordPieceTokenizer(vocab=vocab) if wordpiece else Tokenizer(vocab=vocab)
@@ -123,14 +110,12 @@ def tokenizer_from_vocab(vocab):
 def load_model(run_dir):
     """A finished run's encoder: (params {name: array}, TrainConfig, tokenizer)."""
     arrays = load_npz(Path(run_dir) / "model.npz")
-    tok = tokenizer_from_vocab(arrays.pop("tokenizer.vocab"))
-    return arrays, read_config(run_dir), tok
+    return arrays, read_config(run_dir), tokenizer_from_vocab(arrays.pop("tokenizer.vocab"))
 
 
 def embed_captions(run_dir, captions):
-    """Caption embeddings (N, D) float32 of N caption strings by a finished run's encoder, with
-    the attention its objective trained (causal for next_token); raw text is cleaned as the
-    training captions were."""
+    """(N, D) float32 embeddings of N caption strings (cleaned as in training) by a finished
+    run's encoder, with the attention its objective trained (causal for next_token)."""
     if isinstance(captions, str) or not len(captions):
         raise ValueError("captions must be a non-empty list of strings")
     params, cfg, tok = load_model(run_dir)
