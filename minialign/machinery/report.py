@@ -276,13 +276,12 @@ def format_scaling(results):
     """results.md of a scaling sweep: one row per size, the gap, the trend."""
     objs, metric, body = results["protocol"]["objectives"], results["metric"], []
     for row in results["sizes"]:
-        n = row["params"]
-        line = [str(row["d_model"]), str(row["n_layers"]),
-                "?" if n is None else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"]
-        line += [cells(row["objectives"][o].get(metric))[0] for o in objs]
-        line += [cells(row["untrained"].get(a, {}).get(metric))[0]
-                 for a in ("bidirectional", "causal")]
-        body.append(line + [cells(row["gap"]["values"], sign=True)[0]])
+        n, shown = row["params"], [*(row["objectives"][o] for o in objs), *(
+            row["untrained"].get(a, {}) for a in ("bidirectional", "causal"))]
+        body.append([str(row["d_model"]), str(row["n_layers"]),
+                     "?" if n is None else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k",
+                     *(cells(r.get(metric))[0] for r in shown),
+                     cells(row["gap"]["values"], sign=True)[0]])
     t = results["trend"]
     trend = (f"The good_views − next_token gap in test {NAMES[metric]} {t['verdict']}"
              + ("" if t["slope"] is None else
@@ -353,8 +352,7 @@ def compare(results, against=None):
     said = [f"{n.removeprefix('base.')} ({pm[n]!r} in {names[0]}, {pr[n]!r} in {names[1]})"
             for n in sorted(pm.keys() & pr.keys()) if pm[n] != pr[n] and n not in ALLOWED
             and not n.endswith("_sha256")]
-    if None not in (mine.get("captions_sha256"), ref.get("captions_sha256")) and \
-            mine["captions_sha256"] != ref["captions_sha256"]:
+    if None not in (sha := {t.get("captions_sha256") for t in (mine, ref)}) and len(sha) == 2:
         said.append("the captions file (another sha256: another synthetic world?)")
     if said:
         raise ValueError(f"{names[0]}: made under another protocol than {names[1]}: "
