@@ -1,6 +1,5 @@
-"""What a run saves: config.json, metrics.json, its caption embeddings at each evaluation
-(evaluate), the checkpoint to resume from. Every write goes through a temporary file and
-os.replace, so a run killed at any instant leaves the old file or the new one, never a part."""
+"""What a run saves (config.json, metrics.json, caption embeddings, the checkpoint), each through
+a temporary file and os.replace: a run killed at any instant leaves the old file or the new one."""
 import dataclasses
 import hashlib
 import io
@@ -23,11 +22,9 @@ EVAL_BATCH = 500            # captions per forward pass when embedding
 def embed(params, tokens, model, causal, encoder=encode):
     """Caption embeddings z (N, D), EVAL_BATCH captions at a time, each chunk cut to its
     longest caption. encoder: model.encode, or a variant's."""
-    out = []
-    for i in range(0, len(tokens), EVAL_BATCH):
-        chunk = tokens[i:i + EVAL_BATCH]
-        out.append(encoder(params, chunk[:, :(chunk != 0).sum(axis=1).max()], model, causal)[0])
-    return np.concatenate(out)                                            # (N, D)
+    chunks = (tokens[i:i + EVAL_BATCH] for i in range(0, len(tokens), EVAL_BATCH))
+    return np.concatenate([encoder(params, c[:, :(c != 0).sum(axis=1).max()], model, causal)[0]
+                           for c in chunks])                              # (N, D)
 
 
 def evaluate(params, cfg, data, out, step, splits):
@@ -64,11 +61,10 @@ class Diverged(FloatingPointError):
 def config_json(cfg, data, params):
     """config.json: the config, and what it gives (vocabulary, parameters, photos, the bytes
     of the captions and vocabulary files, by which a resume recognises them)."""
-    n_params = sum(v.size for v in params.values())
     files = {"captions_sha256": sha256_file(cfg.captions),
              **({"vocab_sha256": sha256_file(cfg.vocab)} if cfg.vocab else {})}
     return {"config": dataclasses.asdict(cfg), "info": {
-        "vocab_size": cfg.model.vocab_size, "parameters": int(n_params),
+        "vocab_size": cfg.model.vocab_size, "parameters": int(sum(v.size for v in params.values())),
         "photos": {k: len(v) for k, v in data["split"].items()}, **files}}
 
 
@@ -78,9 +74,8 @@ def record(metrics, entry, out):
 
 
 def check_run_dir(out, saved, resume, force):
-    """Refuse, before anything is written: a directory holding another run's config (resume),
-    a directory that is not empty (neither resume nor force), a run that diverged (resume).
-    Returns a finished run's metrics (resume), else None."""
+    """Refuse, before anything is written, another run's config or a diverged run (resume), a
+    directory not empty (neither resume nor force). Returns a finished run's metrics, else None."""
     if resume and (out / "config.json").is_file():
         first = first_difference(json.loads((out / "config.json").read_text()), saved)
         if first:
@@ -99,38 +94,43 @@ def check_run_dir(out, saved, resume, force):
 def first_difference(a, b, where=""):
     """The first key at which two nested dicts differ ("model.d_model: 64 -> 256"), or None;
     files are compared by their bytes (sha256 in "info"), not by how their paths are spelled."""
-    for key in sorted(set(a) | set(b)):
-        if key in ("captions", "vocab"):
-            continue
+    for key in sorted((set(a) | set(b)) - {"captions", "vocab"}):
         if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
-            found = first_difference(a[key], b[key], f"{where}{key}.")
-            if found:
+            if found := first_difference(a[key], b[key], f"{where}{key}."):
                 return found
         elif a.get(key) != b.get(key):
             return f"{where}{key}: {a.get(key)!r} -> {b.get(key)!r}"
-    return None
 
 
 def begin(out, saved, params, state, rngs, resume):
-    """(first step, seconds trained, metrics): from the checkpoint if resuming from one (params,
-    state and rngs restored in place), else from step 0 (start_run)."""
+    """(first step, seconds trained, metrics): from checkpoint.npz if resuming (params, state,
+    rngs restored in place, the log and caption files cut back to its step), else from step 0
+    (an earlier attempt's files removed, config.json written)."""
     if resume and (out / "checkpoint.npz").is_file():
-        return load_checkpoint(out, params, state, rngs)
+        with np.load(out / "checkpoint.npz") as f:
+            meta = json.loads(str(f["meta"]))
+            for prefix, target in (("params/", params), ("m/", state["m"]), ("v/", state["v"])):
+                for k in target:
+                    target[k][...] = f[prefix + k]
+        state["t"] = meta["t"]
+        for rng, saved_state in zip(rngs, meta["rngs"]):
+            rng.bit_generator.state = saved_state
+        with open(out / "log.jsonl", "r+b") as f:
+            f.truncate(meta["log_bytes"])
+        for path in (out / "captions").glob("*.npz"):
+            if int(path.stem.split("_step")[1]) > meta["step"]:
+                path.unlink()
+        print(f"[{meta['metrics']['objective']}] {out}: resuming at step {meta['step']}",
+              flush=True)
+        return meta["step"], meta["seconds"], meta["metrics"]
     if resume and (out / "config.json").is_file():
         print(f"{out}: no checkpoint yet, starting at step 0", flush=True)
-    return 0, 0.0, start_run(out, saved)
-
-
-def start_run(out, saved):
-    """A run from step 0: an earlier attempt's files removed, config.json written. Returns the
-    new metrics dict."""
     for name in ("log.jsonl", "metrics.json", "checkpoint.npz", "model.npz", "diverged.json"):
         (out / name).unlink(missing_ok=True)
     for path in (out / "captions").glob("*.npz"):
         path.unlink()
     write_json(out / "config.json", saved)
-    cfg = saved["config"]
-    return {"objective": cfg["objective"], "seed": cfg["seed"], "lr": cfg["lr"], "evals": []}
+    return 0, 0.0, {**{k: saved["config"][k] for k in ("objective", "seed", "lr")}, "evals": []}
 
 
 def record_divergence(out, step, why):
@@ -139,34 +139,13 @@ def record_divergence(out, step, why):
 
 
 def save_checkpoint(out, step, params, state, rngs, metrics, log_bytes, seconds):
-    """checkpoint.npz: weights, Adam moments, and as JSON the step, Adam's t, the random
-    streams, metrics so far and the log's length: all a resumed run needs."""
+    """checkpoint.npz: weights, Adam moments, and as JSON all else a resume needs."""
     meta = {"step": step, "t": state["t"], "rngs": [r.bit_generator.state for r in rngs],
             "metrics": metrics, "log_bytes": log_bytes, "seconds": seconds}
     savez(out / "checkpoint.npz", meta=np.array(json.dumps(meta)),
          **{f"params/{k}": v for k, v in params.items()},
          **{f"m/{k}": v for k, v in state["m"].items()},
          **{f"v/{k}": v for k, v in state["v"].items()})
-
-
-def load_checkpoint(out, params, state, rngs):
-    """Restore save_checkpoint's file in place and cut the run's files back to its step.
-    Returns (step, seconds trained, metrics)."""
-    with np.load(out / "checkpoint.npz") as f:
-        meta = json.loads(str(f["meta"]))
-        for prefix, target in (("params/", params), ("m/", state["m"]), ("v/", state["v"])):
-            for k in target:
-                target[k][...] = f[prefix + k]
-    state["t"] = meta["t"]
-    for rng, saved in zip(rngs, meta["rngs"]):
-        rng.bit_generator.state = saved
-    with open(out / "log.jsonl", "r+b") as f:
-        f.truncate(meta["log_bytes"])
-    for path in (out / "captions").glob("*.npz"):
-        if int(path.stem.split("_step")[1]) > meta["step"]:
-            path.unlink()
-    print(f"[{meta['metrics']['objective']}] {out}: resuming at step {meta['step']}", flush=True)
-    return meta["step"], meta["seconds"], meta["metrics"]
 
 
 def atomic_write(path, data):
