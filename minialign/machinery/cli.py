@@ -3,6 +3,7 @@ line and exit 2; a bad input file is one line naming it and exit 2, before anyth
 written. Exit codes: 0 done, 1 a table that does not agree or an exercise not passed, 2 bad
 input, 3 a run diverged, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -12,7 +13,7 @@ import sys
 DEFAULT_VOCAB = "coco/bert-base-uncased-vocab.txt"   # where `make data` puts BERT's vocabulary
 
 
-def at_least(low, kind=int):
+def at_least(low, kind=int, below=None):
     def parse(text):
         try:
             value = kind(text)
@@ -20,31 +21,23 @@ def at_least(low, kind=int):
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not value >= low or value != value:
             raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
+        if below is not None and value >= below:
+            raise argparse.ArgumentTypeError(f"{text} must be in [{low:g}, {below:g})")
         return value
     return parse
 
 
 def keep_freed_memory():
-    """Ask glibc to keep freed memory for reuse: each step frees and allocates the same large
-    arrays, and mapping them afresh (a page fault per 4 KB) costs more than the arithmetic.
-    Process-wide, once at the entry point; no effect outside glibc."""
-    try:
+    """glibc keeps freed memory for reuse: each step frees and allocates the same large arrays,
+    and mapping them afresh costs more than the arithmetic. No effect outside glibc."""
+    with contextlib.suppress(OSError):
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(-4, 0)                                    # M_MMAP_MAX: no mmap per array
-    libc.mallopt(-1, 2**30)                                # M_TRIM_THRESHOLD: keep 1 GB
+        libc.mallopt(-4, 0)                                # M_MMAP_MAX: no mmap per array
+        libc.mallopt(-1, 2**30)                            # M_TRIM_THRESHOLD: keep 1 GB
 
 
 def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def fraction(text):
-    value = at_least(0.0, float)(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1)")
-    return value
 
 
 def config_fields():
@@ -64,18 +57,16 @@ CHOICES = {"layers": ("fast", "reference"), "dtype": ("float32", "float64"),
 def add_config_flags(p, skip=()):
     """One flag per config field (--d-model, --mask-rate, ...), default the replication's."""
     for name, cls in config_fields().items():
-        if name in skip:
-            continue
         default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
-        kind = (fraction if name in ("mask_rate", "min_lr_ratio") else
+        kind = (at_least(0.0, float, 1) if name in ("mask_rate", "min_lr_ratio") else
                 at_least(1) if name in POSITIVE else at_least(0) if isinstance(default, int)
                 else at_least(0.0, float) if isinstance(default, float) else str)
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
-                       choices=CHOICES.get(name), help=f"(default: {default})")
+        if name not in skip:
+            p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                           choices=CHOICES.get(name), help=f"(default: {default})")
 
 
 def config_from_args(args, **fixed):
-    """The TrainConfig of the parsed flags."""
     from ..train import ModelConfig, ObjectiveConfig, TrainConfig
     fields = config_fields()
     given = {k: v for k, v in vars(args).items() if k in fields}
@@ -123,7 +114,7 @@ def cmd_data(p):
     p.add_argument("--num-photos", type=at_least(1), default=10000, help="photos in the subset")
     p.add_argument("--seed", type=at_least(0), default=0, help="seed of the subset")
     p.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
-                   help="download the subset's photos too (needed once by `make embeddings`)")
+                   help="download the subset's photos too (for `make embeddings`)")
     p.add_argument("--workers", type=at_least(1), default=8, help="parallel photo downloads")
     p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL,
                    help=f"checked by sha256 {coco.ANNOTATIONS_SHA256}")
@@ -168,13 +159,12 @@ def cmd_synthetic(p):
 
 def cmd_exercises(p):
     from . import course
-    p.add_argument("out", nargs="?", help="a new or empty folder for the student copy, or with "
-                   "--restore the copy to put solutions back into")
+    p.add_argument("out", nargs="?", help="the student copy: a new or empty folder")
     p.add_argument("--solved", nargs="+", type=at_least(1), default=(), metavar="N",
                    help="exercises to leave solved in the copy")
     p.add_argument("--student", help=f"the student's id, written to OUT/{course.STUDENT_FILE}")
     p.add_argument("--restore", nargs="*", type=at_least(1), metavar="N",
-                   help="put the solutions of exercises N ... (none given: all) back into OUT")
+                   help="put these solutions (none given: all) back into OUT")
     p.add_argument("--list", action="store_true", help="list the exercises, write nothing")
 
     def run(a):
@@ -205,9 +195,8 @@ def cmd_grade(p):
         if a.folder:
             course.grade_class(a.folder, a.out, a.numbers or None, a.tests, a.timeout)
             return 0
-        else:
-            rows = course.grade(a.copy, a.numbers or None, a.tests, a.timeout)
-            print(course.table(rows, a.copy))
+        rows = course.grade(a.copy, a.numbers or None, a.tests, a.timeout)
+        print(course.table(rows, a.copy))
         return int(any(r["status"] != "passed" for r in rows))
     return run
 
@@ -228,27 +217,18 @@ def cmd_replicate(p, sweep=False):
         p.add_argument("--center", nargs=2, type=at_least(1), default=grid.CENTER,
                        metavar=("D", "L"))
     else:
-        p.add_argument("--lr-min", type=at_least(0.0, float), default=1e-4,
-                       help="the lr search's lowest lr (default: 1e-4)")
-        p.add_argument("--lr-max", type=at_least(0.0, float), default=1e-2,
-                       help="its highest (default: 1e-2); a pick at an edge extends it")
-        p.add_argument("--lr-per-decade", type=at_least(0), default=2,
-                       help="the lr search's points per decade; 0: no search")
-    p.add_argument("--jobs", type=at_least(1), help="runs at once (default: one per core, as "
-                   "memory allows)")
-    p.add_argument("--dry-run", action="store_true", help="say how long it will take, write "
-                   "nothing")
-    p.add_argument("--slurm", action="store_true", help="print an sbatch array script of the "
-                   "runs instead of running them")
+        for flag, lr, text in (("--lr-min", 1e-4, "1e-4"), ("--lr-max", 1e-2, "1e-2")):
+            p.add_argument(flag, type=at_least(0.0, float), default=lr, help=f"(default: {text})")
+        p.add_argument("--lr-per-decade", type=at_least(0), default=2, help="0: no lr search")
+    p.add_argument("--jobs", type=at_least(1), help="runs at once (default: one per core)")
+    p.add_argument("--dry-run", action="store_true", help="say how long it takes, write nothing")
+    p.add_argument("--slurm", action="store_true", help="print an sbatch array script instead")
 
     def run(a):
         base = config_from_args(a)
-        if sweep:
-            protocol = grid.Protocol(base, a.objectives, a.seeds, lr_per_decade=0,
-                                     sizes=grid.sweep_sizes(a.widths, a.depths, a.grid, a.center))
-        else:
-            protocol = grid.Protocol(base, a.objectives, a.seeds, a.lr_min, a.lr_max,
-                                     a.lr_per_decade)
+        kw = (dict(lr_per_decade=0, sizes=grid.sweep_sizes(a.widths, a.depths, a.grid, a.center))
+              if sweep else dict(lr_min=a.lr_min, lr_max=a.lr_max, lr_per_decade=a.lr_per_decade))
+        protocol = grid.Protocol(base, a.objectives, a.seeds, **kw)
         if a.slurm:
             print(grid.slurm_script(protocol, a.out, a.embeddings), end="")
         else:
@@ -258,8 +238,7 @@ def cmd_replicate(p, sweep=False):
 
 def cmd_evaluate(p):
     from . import images
-    p.add_argument("--run", nargs="+", required=True, metavar="DIR", dest="runs",
-                   help="train run directories")
+    p.add_argument("--run", nargs="+", required=True, metavar="DIR", dest="runs", help="train runs")
     p.add_argument("--embeddings", help="image embeddings .npz: the image columns")
     return lambda a: images.run_evaluate(a.runs, a.embeddings) and None
 
@@ -267,8 +246,7 @@ def cmd_evaluate(p):
 def cmd_report(p):
     from . import report
     p.add_argument("out", nargs="+", help="results directories (several: side by side)")
-    p.add_argument("--embeddings", help="image embeddings .npz (default: the one the grid "
-                   "recorded)")
+    p.add_argument("--embeddings", help="image embeddings .npz (default: the grid's)")
 
     def run(a):
         if len(a.out) == 1:
@@ -286,22 +264,15 @@ def cmd_compare(p):
 
 
 COMMANDS = {
-    "data": ("one-time: COCO captions, the 10,000-photo subset, BERT's vocabulary, the photos",
-             cmd_data),
-    "export": ("one-time: photos -> frozen DINOv2 embeddings (needs the [export] extra)",
-               cmd_export),
+    "data": ("one-time: COCO captions, a 10,000-photo subset, BERT's vocabulary", cmd_data),
+    "export": ("one-time: photos -> DINOv2 embeddings (the [export] extra)", cmd_export),
     "synthetic": ("a SYNTHETIC world: COCO-format captions + image embeddings", cmd_synthetic),
     "train": ("train a text encoder with one objective", cmd_train),
-    "replicate": ("the grid: objectives x seeds, the lr search, the results table",
-                  cmd_replicate),
-    "scaling": ("the scaling sweep: encoder sizes x objectives x seeds",
-                lambda p: cmd_replicate(p, sweep=True)),
-    "evaluate": ("score train runs: text side, and image alignment given --embeddings",
-                 cmd_evaluate),
-    "report": ("write results.md, results.json and the figures of a results directory",
-               cmd_report),
-    "compare": ("does a results table agree with the repository's demo within the seeds' spread",
-                cmd_compare),
+    "replicate": ("the grid: objectives x seeds, the lr search, the results", cmd_replicate),
+    "scaling": ("the scaling sweep: sizes x objectives x seeds", lambda p: cmd_replicate(p, True)),
+    "evaluate": ("score train runs (image alignment given --embeddings)", cmd_evaluate),
+    "report": ("write results.md, results.json and the figures of OUT", cmd_report),
+    "compare": ("does a results table agree with the demo within the seeds' spread", cmd_compare),
     "exercises": ("the course kit: a student copy with every exercise blanked", cmd_exercises),
     "grade": ("the course kit: each exercise's tests, one row each", cmd_grade),
 }
@@ -341,11 +312,9 @@ def main(argv=None):
     except BrokenPipeError:                            # `... | head`: end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (OSError, ValueError, ImportError) as e:
-        print(f"minialign {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except NotImplementedError as e:                   # an exercise's stub, in a student copy
-        print(f"minialign {args.command}: not done yet: {e}", file=sys.stderr)
+    except (OSError, ValueError, ImportError, NotImplementedError) as e:
+        how = "not done yet" if isinstance(e, NotImplementedError) else "error"  # an exercise
+        print(f"minialign {args.command}: {how}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second signal: no traceback
