@@ -1,19 +1,13 @@
-"""WordPiece tokenizer: BERT's uncased sub-word tokenization, from a vocabulary file.
+"""WordPiece tokenizer: BERT's uncased sub-word tokenization (Devlin et al. 2019; Wu et al. 2016).
 
-Text -> ids in two stages (Devlin et al. 2019, BERT; Wu et al. 2016 for WordPiece):
-  1. basic_tokenize: drop control characters, whitespace -> " ", lower case, strip accents
-     (NFD, drop non-spacing marks), a space around every CJK ideograph, split on whitespace
-     and on punctuation (each punctuation character a word of its own);
-  2. word_pieces: each word, greedily, into the longest vocabulary entry from its start, then
-     the longest "##"-entry from there on ("playing" -> "play", "##ing"); a word with no such
-     split, or longer than MAX_WORD_CHARS characters, is one [UNK].
-The ids are the vocabulary file's line numbers (BERT's), except that the five specials are
-moved to the ids the rest of minialign gives PAD UNK BOS EOS MASK (tokenizer.py, 0-4):
-[PAD] [UNK] [CLS] [SEP] [MASK] sit at 0 1 2 3 4, and the entries that were there ([unused0]
-.. [unused3] in BERT's file, which no text produces) at the specials' old lines. So a caption
-is [CLS] pieces [SEP] = [BOS, ..., EOS], and every piece has BERT's own id. Text is only
-text: "[MASK]" in a caption is "[", "mask", "]" (as in BERT's own tokenization.py; Hugging
-Face's BertTokenizer reads it as the special).
+Text -> ids in two stages: basic_tokenize (clean, lower case, strip accents, split on whitespace,
+punctuation and CJK ideographs), then word_pieces (each word greedily into the longest vocabulary
+entries: "playing" -> "play", "##ing"). The ids are the vocabulary file's line numbers (BERT's),
+except that [PAD] [UNK] [CLS] [SEP] [MASK] are swapped to 0-4, the ids minialign gives PAD UNK BOS
+EOS MASK (tokenizer.py), with the entries that were there ([unused0] .. [unused3], which no text
+produces). So a caption is [CLS] pieces [SEP] = [BOS, ..., EOS], every piece with BERT's own id.
+Text is only text: "[MASK]" in a caption is "[", "mask", "]" (as in BERT's own tokenization.py;
+Hugging Face's BertTokenizer reads it as the special).
 """
 import unicodedata
 from dataclasses import dataclass, field
@@ -32,28 +26,15 @@ ASCII_PUNCTUATION = {chr(c) for r in ((33, 47), (58, 64), (91, 96), (123, 126))
                      for c in range(r[0], r[1] + 1)}  # BERT counts "$+<=>^`|~" too
 
 
-def is_punctuation(ch: str) -> bool:
-    """BERT's rule: an ASCII non-letter, non-digit, non-space printable, or Unicode P*."""
-    return ch in ASCII_PUNCTUATION or unicodedata.category(ch).startswith("P")
-
-
-def is_cjk(ch: str) -> bool:
-    """True for a CJK ideograph (CJK_RANGES), which BERT makes a word of its own."""
-    return any(lo <= ord(ch) <= hi for lo, hi in CJK_RANGES)
-
-
 def clean_char(ch: str) -> str:
-    """One character of BERT's text cleaning: "" for NUL, U+FFFD and "other" characters
-    (Unicode C*: control, format, private use, surrogate; tab, newline and carriage return are
-    whitespace), but not unassigned ones (Cn), as Hugging Face's tokenizers (Google's first
-    release drops Cc and Cf only; COCO val2017's captions hold no Co, Cs or Cn); " " for whitespace
-    (space, \\t, \\n, \\r, Unicode Zs); a CJK ideograph with a space either side; any other
-    character as it is."""
+    """One character of BERT's text cleaning: " " for whitespace (\\t, \\n, \\r, Unicode Zs); ""
+    for NUL, U+FFFD and Unicode Cc Cf Co Cs but not Cn, as Hugging Face's (Google's drops Cc and Cf
+    only; COCO's captions hold no Co, Cs or Cn); a CJK ideograph with a space either side."""
     if ch in " \t\n\r" or unicodedata.category(ch) == "Zs":
         return " "
     if ch in "\x00\ufffd" or unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs"):
         return ""
-    return f" {ch} " if is_cjk(ch) else ch
+    return f" {ch} " if any(lo <= ord(ch) <= hi for lo, hi in CJK_RANGES) else ch
 
 
 def basic_tokenize(text: str) -> list[str]:
@@ -65,7 +46,7 @@ def basic_tokenize(text: str) -> list[str]:
                        if unicodedata.category(ch) != "Mn")          # strip accents
         start = 0                                  # each punctuation character: its own word
         for i, ch in enumerate(word):
-            if is_punctuation(ch):
+            if ch in ASCII_PUNCTUATION or unicodedata.category(ch).startswith("P"):
                 words += [word[start:i], ch]
                 start = i + 1
         words.append(word[start:])
@@ -73,9 +54,8 @@ def basic_tokenize(text: str) -> list[str]:
 
 
 def word_pieces(word: str, index: dict) -> list[str]:
-    """Greedy longest-match-first split of one word into vocabulary entries (index: entry ->
-    id); "skateboarder" -> ["skate", "##board", "##er"] in BERT's vocabulary. ["[UNK]"] if some
-    position has no match or the word has more than MAX_WORD_CHARS characters."""
+    """Greedy longest-match-first split of one word into the entries of index (entry -> id):
+    "skateboarder" -> ["skate", "##board", "##er"]; ["[UNK]"] if none fits or it is too long."""
     if len(word) > MAX_WORD_CHARS:
         return [SPECIALS[1]]
     pieces, start = [], 0
@@ -111,13 +91,11 @@ class WordPieceTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """V, the number of rows of the embedding table and columns of the output logits."""
         return len(self.vocab)
 
     def pieces(self, text: str) -> list[int]:
-        """BERT's ids of text's pieces, no [CLS] / [SEP], no cleaning beyond BERT's own.
-        Every stage of basic_tokenize splits at a space, so the text is tokenized chunk by
-        space-separated chunk, each chunk once (captions repeat their words: ~3x faster)."""
+        """BERT's ids of text's pieces, no [CLS] / [SEP]. basic_tokenize splits at every space,
+        so each space-separated chunk is tokenized once and cached (captions repeat words)."""
         ids = []
         for chunk in text.split(" "):
             if chunk not in self.cache:
@@ -127,9 +105,8 @@ class WordPieceTokenizer:
         return ids
 
     def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
-        """Caption -> ids (n,) int32 = [BOS, pieces.., EOS] (tokenizer.Tokenizer.encode's
-        contract: cleaned by clean_caption first; n <= max_len, truncated=True if pieces
-        were cut). Raises ValueError if max_len < 2."""
+        """Caption -> (ids (n,) int32 = [BOS, pieces.., EOS], truncated), as Tokenizer.encode:
+        cleaned by clean_caption first, n <= max_len. Raises ValueError if max_len < 2."""
         if max_len < 2:
             raise ValueError(f"max_len must be >= 2 to hold BOS and EOS, got {max_len}")
         pieces = self.pieces(clean_caption(caption))
@@ -138,26 +115,20 @@ class WordPieceTokenizer:
 
     def decode(self, ids) -> str:
         """ids (n,) int -> text: pieces joined by spaces, a "##" piece glued to the one before;
-        PAD and BOS omitted, reading stops at the first EOS. Raises ValueError for an id
-        outside [0, V)."""
+        PAD and BOS omitted, up to the first EOS. Raises ValueError for an id outside [0, V)."""
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= len(self.vocab)):
             raise ValueError(f"token ids must be in [0, {len(self.vocab)}), got "
                              f"[{ids.min()}, {ids.max()}]")
-        pieces = []
-        for i in ids.tolist():
-            if i == EOS:
-                break
-            if i not in (BOS, PAD):
-                pieces.append(self.vocab[i])
-        return " ".join(pieces).replace(" ##", "")
+        ids = ids.tolist()
+        ids = ids[:ids.index(EOS)] if EOS in ids else ids
+        return " ".join(self.vocab[i] for i in ids if i not in (BOS, PAD)).replace(" ##", "")
 
 
 def read_vocab(path) -> WordPieceTokenizer:
-    """A WordPiece vocabulary file (BERT's vocab.txt: one entry a line, UTF-8; id = line
-    number) -> WordPieceTokenizer, each special swapped with the entry at its minialign id.
-    Raises FileNotFoundError / ValueError, one line starting with the path: missing, not
-    UTF-8, a special missing, or an entry repeated."""
+    """A WordPiece vocabulary file (BERT's vocab.txt: one entry a line, UTF-8; id = line number)
+    -> WordPieceTokenizer, each special swapped with the entry at its minialign id. Raises
+    FileNotFoundError / ValueError in one line naming the file."""
     try:
         with open(path, encoding="utf-8", newline="") as f:
             vocab = f.read().split("\n")
