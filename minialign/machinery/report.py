@@ -113,8 +113,7 @@ def collect(out, embeddings=None):
 
     synthetic_world = bool(emb and emb.meta.get("synthetic"))
     results = {"kind": protocol.kind, "dataset": out.name, "protocol": saved,
-               "captions_sha256": saved.get("captions_sha256") or (
-                   runs.sha256_file(base.captions) if Path(base.captions).is_file() else None),
+               "captions_sha256": saved["captions_sha256"],
                "embeddings": emb and {"path": str(emb.path), "model": emb.meta.get("model")},
                "published": PUBLISHED if emb and not synthetic_world
                and "dinov2" in str(emb.meta.get("model")).lower() else {},
