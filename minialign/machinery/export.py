@@ -1,11 +1,5 @@
-"""`python -m minialign export`: COCO photos -> frozen DINOv2 -> the embeddings .npz images.py
-reads: image_ids (N,) int64, the captioned photos sorted; embeddings (N, D_img) float32, row i
-the CLS token after the final LayerNorm (Dinov2Model(...).last_hidden_state[:, 0]); meta, 0-d
-str of JSON (model, revision, preprocessing, pooling, captions_sha256, ..., count, dim).
-Only this module imports torch and transformers (the [export] extra), inside functions.
-Resumable: every save_every batches the rows so far go to OUT.partial.npz with the meta they
-were made under; a rerun with the same meta goes on from there.
-"""
+"""`python -m minialign export`: COCO photos -> frozen DINOv2's CLS token (after the final
+LayerNorm) -> the embeddings .npz (images.py), resumable from OUT.partial.npz (same meta)."""
 import json
 import sys
 from pathlib import Path
@@ -27,8 +21,7 @@ MODEL_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", 
 
 
 def captioned_photos(captions, num_photos=None, seed=0):
-    """[(image_id, file_name)] of a COCO captions JSON's photos with a caption, sorted by id;
-    num_photos: the first num_photos of default_rng(seed).permutation of them, sorted."""
+    """[(image_id, file_name)] of the captioned photos, sorted by id (num_photos: a random few)."""
     coco = read_json(captions)
     try:
         captioned = {int(a["image_id"]) for a in coco["annotations"]}
@@ -36,18 +29,15 @@ def captioned_photos(captions, num_photos=None, seed=0):
                         if int(im["id"]) in captioned)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{captions}: not a COCO captions file ({err!r})") from None
-    if num_photos is None:
-        return photos
-    if not 1 <= num_photos <= len(photos):
+    if num_photos is not None and not 1 <= num_photos <= len(photos):
         raise ValueError(f"{captions}: --num-photos must be in [1, {len(photos)}], got "
                          f"{num_photos}")
-    return [photos[i] for i in np.sort(np.random.default_rng(seed).permutation(len(photos))
-                                       [:num_photos])]
+    order = np.random.default_rng(seed).permutation(len(photos))[:num_photos]   # None: all
+    return [photos[i] for i in np.sort(order)]
 
 
 def to_rgb(image):
-    """Any Pillow image -> 8-bit RGB: transparency composited on white (convert('RGB') would
-    show what hides under alpha 0), 16-bit grey scaled by 255/65535 (convert would clip it)."""
+    """Any Pillow image -> 8-bit RGB: alpha composited on white, 16-bit grey scaled, unclipped."""
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         grey = np.rint(np.asarray(image, dtype=np.float64) * (255 / 65535))     # (H, W)
         return Image.fromarray(np.clip(grey, 0, 255).astype(np.uint8)).convert("RGB")
@@ -58,7 +48,6 @@ def to_rgb(image):
 
 
 def load_rgb(path):
-    """Decode one image fully (ValueError naming the file if it cannot) and to_rgb it."""
     try:
         with Image.open(path) as image:
             image.load()
@@ -68,13 +57,11 @@ def load_rgb(path):
 
 
 def load_pretrained(transformers, model_name, revision=DEFAULT_REVISION):
-    """(Dinov2Model, AutoImageProcessor) of a Hub name at `revision` or a local folder, with
-    safetensors weights only (a pickled .bin can run code) and no repository code."""
+    """(Dinov2Model, AutoImageProcessor) at `revision`, safetensors only, no repository code."""
     pinned = {"revision": revision, "trust_remote_code": False}
     try:
-        return (transformers.Dinov2Model.from_pretrained(model_name, use_safetensors=True,
-                                                         **pinned),
-                transformers.AutoImageProcessor.from_pretrained(model_name, **pinned))
+        model = transformers.Dinov2Model.from_pretrained(model_name, use_safetensors=True, **pinned)
+        return model, transformers.AutoImageProcessor.from_pretrained(model_name, **pinned)
     except OSError as err:
         raise FileNotFoundError(f"{model_name}: cannot load the model at revision {revision} "
                                 f"({err}); a Hub name needs internet once (~350 MB), or pass a "
@@ -84,9 +71,8 @@ def load_pretrained(transformers, model_name, revision=DEFAULT_REVISION):
 def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
                       batch_size=32, device="cpu", num_photos=None, seed=0, force=False,
                       save_every=20, progress=None):
-    """Embed the captioned photos of a COCO captions JSON (files in the folder `images`) into
-    out (the module docstring), every input checked before the model is loaded. Returns
-    (image_ids (N,) int64, embeddings (N, D_img) float32). progress: None: if on a terminal."""
+    """Embed the captioned photos (files in `images`) into out, inputs checked before the model
+    loads. Returns (image_ids (N,) int64, embeddings (N, D_img) float32)."""
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: already exists; pass --force to replace it")
@@ -109,23 +95,20 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
     model, processor = load_pretrained(transformers, model_name, revision)
     model = model.to(device).eval()
     config, settings = model.config.to_dict(), processor.to_dict()
-    meta = {"model": model_name, "revision": revision,
+    meta = {"model": model_name, "revision": revision, "pooling": POOLING, "seed": seed,
             "model_config": {k: config[k] for k in MODEL_CONFIG_KEYS if k in config},
-            "model_dtype": str(next(model.parameters()).dtype),
+            "model_dtype": str(next(model.parameters()).dtype), "device": str(device),
             "preprocessing": {**{k: settings[k] for k in PREPROCESSING_KEYS if k in settings},
                               "image_processor_class": type(processor).__name__},
-            "pooling": POOLING, "captions_file": Path(captions).name,
-            "captions_sha256": sha256_file(captions), "num_photos": num_photos, "seed": seed,
-            "batch_size": batch_size, "device": str(device), "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__}
+            "captions_file": Path(captions).name, "captions_sha256": sha256_file(captions),
+            "num_photos": num_photos, "batch_size": batch_size, "torch_version":
+            torch.__version__, "transformers_version": transformers.__version__}
     made_under = json.dumps(meta, sort_keys=True, default=str)   # str: e.g. a resampling enum
-    partial, rows = out.with_name(out.name + ".partial.npz"), []
-    if partial.is_file():
-        saved = load_npz(partial)
-        if str(saved["meta"]) == made_under:
-            rows = [saved["embeddings"]]                                  # (n_done, D_img)
-        else:
-            print(f"note: {partial} was made with other settings; starting over", file=sys.stderr)
+    partial = out.with_name(out.name + ".partial.npz")
+    saved = load_npz(partial) if partial.is_file() else None
+    rows = [saved["embeddings"]] if saved is not None and str(saved["meta"]) == made_under else []
+    if saved is not None and not rows:
+        print(f"note: {partial} was made with other settings; starting over", file=sys.stderr)
     done = len(rows[0]) if rows else 0
     with tqdm(total=len(paths), initial=done, unit="photo", desc=f"export {model_name}",
               disable=not (sys.stderr.isatty() if progress is None else progress)) as bar:
@@ -149,8 +132,7 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
 
 def run_export(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
                batch_size=32, device="cpu", num_photos=None, seed=0, force=False):
-    """`python -m minialign export`: export_embeddings, then the file's shape and its sha256
-    line (as `sha256sum` prints it). Returns 0."""
+    """export_embeddings, then print the file's shape and its `sha256sum` line. Returns 0."""
     _, embeddings = export_embeddings(captions, images, out, model_name, revision, batch_size,
                                       device, num_photos, seed, force)
     print(f"wrote {out}: {embeddings.shape[0]} photos x {embeddings.shape[1]} float32, "
