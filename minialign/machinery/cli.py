@@ -28,8 +28,7 @@ def at_least(low, kind=int, below=None):
 
 
 def keep_freed_memory():
-    """glibc keeps freed memory for reuse: each step frees and allocates the same large arrays,
-    and mapping them afresh costs more than the arithmetic. No effect outside glibc."""
+    """glibc keeps freed memory: a step frees and maps again the same large arrays otherwise."""
     with contextlib.suppress(OSError):
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-4, 0)                                # M_MMAP_MAX: no mmap per array
@@ -69,8 +68,7 @@ def add_config_flags(p, skip=()):
 def config_from_args(args, **fixed):
     from ..train import ModelConfig, ObjectiveConfig, TrainConfig
     fields = config_fields()
-    given = {k: v for k, v in vars(args).items() if k in fields}
-    given.update(fixed)
+    given = {**{k: v for k, v in vars(args).items() if k in fields}, **fixed}
     if given.get("tokenizer") == "wordpiece" and not given.get("vocab"):
         given["vocab"] = DEFAULT_VOCAB
     if given.get("d_model", 256) % given.get("n_heads", 4):
@@ -81,7 +79,6 @@ def config_from_args(args, **fixed):
                        loss=ObjectiveConfig(**part(ObjectiveConfig)))
 
 
-# ---------------------------------------------------------------- the commands
 def cmd_train(p):
     from .variants import OBJECTIVES        # the three, and the named variants
     p.add_argument("--objective", choices=list(OBJECTIVES), default="good_views")
@@ -90,8 +87,7 @@ def cmd_train(p):
     add_config_flags(p, skip=("objective", "captions"))
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--force", action="store_true", help="start the run in --out over")
-    p.add_argument("--threads", type=at_least(1), default=cores(),
-                   help="threads of the fast layer set (default: this machine's cores)")
+    p.add_argument("--threads", type=at_least(1), default=cores(), help="(default: the cores)")
 
     def run(args):
         from ..train import prepare, train
@@ -116,11 +112,9 @@ def cmd_data(p):
     p.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
                    help="download the subset's photos too (for `make embeddings`)")
     p.add_argument("--workers", type=at_least(1), default=8, help="parallel photo downloads")
-    p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL,
-                   help=f"checked by sha256 {coco.ANNOTATIONS_SHA256}")
+    p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL, help="sha256 checked")
     p.add_argument("--images-url", default=coco.IMAGES_URL, help="photos: this + their path")
-    p.add_argument("--vocab-url", default=coco.VOCAB_URL,
-                   help=f"BERT's uncased vocabulary, checked by sha256 {coco.VOCAB_SHA256}")
+    p.add_argument("--vocab-url", default=coco.VOCAB_URL, help="BERT's vocabulary, sha256 checked")
     p.add_argument("--allow-http", action="store_true", help="accept plain http:// URLs")
     p.add_argument("--force", action="store_true", help="write the subset file again")
     return lambda a: coco.run_data(a.root, a.num_photos, a.seed, a.images, a.workers,
@@ -160,11 +154,9 @@ def cmd_synthetic(p):
 def cmd_exercises(p):
     from . import course
     p.add_argument("out", nargs="?", help="the student copy: a new or empty folder")
-    p.add_argument("--solved", nargs="+", type=at_least(1), default=(), metavar="N",
-                   help="exercises to leave solved in the copy")
+    p.add_argument("--solved", nargs="+", type=at_least(1), default=(), metavar="N")
     p.add_argument("--student", help=f"the student's id, written to OUT/{course.STUDENT_FILE}")
-    p.add_argument("--restore", nargs="*", type=at_least(1), metavar="N",
-                   help="put these solutions (none given: all) back into OUT")
+    p.add_argument("--restore", nargs="*", type=at_least(1), metavar="N", help="default: all")
     p.add_argument("--list", action="store_true", help="list the exercises, write nothing")
 
     def run(a):
@@ -186,8 +178,7 @@ def cmd_grade(p):
     p.add_argument("numbers", nargs="*", type=at_least(1), metavar="N", help="default: all")
     p.add_argument("--copy", help="the copy (default: the one holding the working directory)")
     p.add_argument("--tests", help="grade against these exercise tests (a teacher's own)")
-    p.add_argument("--timeout", type=at_least(1.0, float), default=course.TIMEOUT,
-                   help="seconds one exercise's tests may run")
+    p.add_argument("--timeout", type=at_least(1.0, float), default=course.TIMEOUT, help="seconds")
     p.add_argument("--class", dest="folder", help="grade every copy in this folder into one CSV")
     p.add_argument("--out", help="with --class: the CSV (default: FOLDER/grades.csv)")
 
