@@ -2,9 +2,6 @@
 OUT/results.md and the figures; the image columns (with an embeddings file, given or recorded)
 are computed from the runs' saved caption embeddings each time. `compare`: do two tables agree.
 
-    python -m minialign report OUT [OUT ...] [--embeddings FILE]
-    python -m minialign compare RESULTS [--against docs/demo/results.json]
-
 The noise rule (compare, the lr search's pick): per-seed values x of n seeds and y of m differ
 when |mean x - mean y| > max(2 s sqrt(1/n + 1/m), FLOOR), s their pooled sample std (ddof 1):
 two standard errors of a difference of means, never finer than the tables' third decimal. The
@@ -342,9 +339,8 @@ def flat(d, prefix=""):
 
 
 def compare(results, against=None):
-    """`compare RESULTS [--against FILE]`: a line per row and metric of the reference: agree or
-    differs by the noise rule, and how far apart the same seed's values are. Returns whether all
-    agree. Two protocols (settings outside ALLOWED): ValueError, one line."""
+    """`compare RESULTS [--against FILE]`: per row and metric of the reference, agree or differs
+    (noise rule); returns whether all agree. Other settings than ALLOWED: ValueError, one line."""
     against = against or DEMO
     mine, ref, names = load_results(results), load_results(against), (str(results), str(against))
     pm, pr = flat(mine["protocol"]), flat(ref["protocol"])
