@@ -1,19 +1,10 @@
-"""The fast layer set: layers.py's names and signatures over packed rows, arranged for speed.
-ModelConfig.layers = "fast" picks it; tests/test_fast.py checks its outputs and gradients against
-layers.py's on ragged batches (float64 ~1e-10, float32 ~1e-4). layers.py is the maths; here:
-
-  packed rows   token_rows sorts the captions by length: a caption, and a group of captions of
-                one length, is a contiguous slice of the (n, D) rows.
-  attention     per group of length Tg, on (Bg, Tg, ...) views of its rows: nothing computed on
-                padding, no (B, T, T) grid. Pooling: a sum over each group's (Bg, Tg, D) rows.
-  fused passes  LayerNorm, GELU and the softmaxes in place over one buffer per row block (it
-                stays in cache); sums along a row or a column are products with a ones vector.
-  the head      lm_head_forward -> cross_entropy -> lm_head_backward: one pass over row blocks
-                that never holds all (n, V) logits.
-  threads       set_threads(k) spreads the blocks over k threads; every partition depends on the
-                shapes only and sums over blocks are added in block order: the same bits for any k.
-Every constant is a scalar of the array's dtype: float32 stays float32.
-"""
+"""The fast layer set: layers.py's names and signatures over packed rows (ModelConfig.layers =
+"fast"); tests/test_fast.py checks it against layers.py (float64 ~1e-10, float32 ~1e-4).
+  packed rows   captions sorted by length: a caption, and a group of one length, is a row slice.
+  attention     per group of length Tg on (Bg, Tg, ...) views: nothing on padding, no (B, T, T).
+  fused passes  LayerNorm, GELU, softmaxes in place per cached row block; sums: @ a ones vector.
+  the head      lm_head -> cross_entropy -> backward per row block, never all (n, V) logits.
+  threads       set_threads(k); shape-only partitions, sums in block order: same bits for any k."""
 import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
@@ -31,8 +22,7 @@ _pool = None       # set_threads(k > 1)'s threads
 
 
 def set_threads(k):
-    """Run the blocks on k >= 1 threads from now on (1: on the calling thread). numpy's BLAS
-    should then run one thread each (OPENBLAS_NUM_THREADS=1), or the threads fight for cores."""
+    """Run the blocks on k >= 1 threads (1: the caller's); set OPENBLAS_NUM_THREADS=1 too."""
     global _pool
     if _pool is not None:
         _pool.shutdown()
@@ -40,8 +30,7 @@ def set_threads(k):
 
 
 def run(task, blocks):
-    """task(i, start, stop) for each blocks[i] = (start, stop), on set_threads's threads, with
-    the caller's np.errstate. Each task writes only its own outputs; re-raises a task's error."""
+    """task(i, *blocks[i]) for each block on set_threads's threads, in the caller's np.errstate."""
     err = np.geterr()
 
     def one(i):
@@ -50,21 +39,16 @@ def run(task, blocks):
     list((_pool.map if _pool and len(blocks) > 1 else map)(one, range(len(blocks))))
 
 
-def row_blocks(n, rows, start=0):
-    """[(start, stop), ...]: the rows start:n in blocks of `rows`, the last one shorter."""
+def row_blocks(n, rows=None, start=0):
+    """[(start, stop), ...]: the rows start:n in blocks of `rows` (default: SPLITS near-equal)."""
+    rows = max(1, -(-n // SPLITS)) if rows is None else rows
     return [(s, min(s + rows, n)) for s in range(start, n, rows)]
 
 
-def chunks(n):
-    """SPLITS near-equal row blocks of n rows (fewer if n is small)."""
-    return row_blocks(n, max(1, -(-n // SPLITS)))
-
-
 def _c(value, like):
-    return like.dtype.type(value)                                         # a scalar of like's dtype
+    return like.dtype.type(value)                # every constant: float32 arrays stay float32
 
 
-# ---------------------------------------------------------------- the rows of a batch
 class Group(NamedTuple):
     """Bg captions of Tg tokens, the rows start:stop; first: its first caption in Rows.order."""
     start: int
@@ -76,8 +60,7 @@ class Group(NamedTuple):
 
 
 class Rows(NamedTuple):
-    """layers.TokenRows's flat, pos, seq and caption_rows (the same meaning) in the fast order:
-    captions shortest first (ties in batch order), each caption's tokens in order."""
+    """layers.TokenRows's fields in the fast order: shortest caption first (ties in batch order)."""
     flat: np.ndarray          # (n,) b * T + t of each row's token
     pos: np.ndarray           # (n,) its position t
     seq: np.ndarray           # (n,) its caption b
@@ -88,8 +71,7 @@ class Rows(NamedTuple):
 
 
 def token_rows(mask, causal, dtype):
-    """layers.token_rows in the fast order, with the attention groups: the captions of one
-    length in near-equal groups of at most GROUP. Returns a Rows."""
+    """layers.token_rows in the fast order, a Rows: one length's captions in groups <= GROUP."""
     B, T = mask.shape
     lengths = mask.sum(axis=1)                                            # (B,)
     order = np.argsort(lengths, kind="stable")                            # (B,) short to long
@@ -108,7 +90,6 @@ def token_rows(mask, causal, dtype):
     return Rows(flat, pos, seq, np.argsort(flat, kind="stable"), order, lengths, tuple(groups))
 
 
-# ---------------------------------------------------------------- per-token layers
 def embedding_forward(ids, weight):
     """layers.embedding_forward: y = weight[ids]. ids: (n,) int; weight: (V, D)."""
     return weight[ids], (ids, weight.shape)
@@ -117,8 +98,7 @@ def embedding_forward(ids, weight):
 def embedding_backward(dy, cache):
     """layers.embedding_backward as a segment sum (np.add.reduceat) over rows sorted by id."""
     ids, shape = cache
-    dweight = np.zeros(shape, dtype=dy.dtype)                             # (V, D)
-    order = np.argsort(ids, kind="stable")                                # (n,) by id
+    dweight, order = np.zeros(shape, dy.dtype), np.argsort(ids, kind="stable")  # (V, D), by id
     sorted_ids = ids[order]
     starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # (u,) first of each
     dweight[sorted_ids[starts]] = np.add.reduceat(dy[order], starts, axis=0)
@@ -132,18 +112,16 @@ def linear_forward(x, w, b):
     def block(i, s, e):
         np.matmul(x[s:e], w, out=y[s:e])
         y[s:e] += b
-    run(block, chunks(len(x)))
+    run(block, row_blocks(len(x)))
     return y, (x, w)
 
 
 def linear_backward(dy, cache):
-    """layers.linear_backward per chunk of rows: dx, and partials of dw = x^T dy and db = 1^T dy
-    added in chunk order."""
+    """layers.linear_backward per chunk: dx, partials of dw = x^T dy, db = 1^T dy in order."""
     x, w = cache
-    blocks = chunks(len(dy))
-    dx = np.empty((len(dy), w.shape[0]), dtype=dy.dtype)                  # (n, D_in)
+    blocks = row_blocks(len(dy))
+    dx, ones = np.empty((len(dy), w.shape[0]), dtype=dy.dtype), np.ones(len(dy), dy.dtype)
     parts = np.zeros((len(blocks), w.shape[0] + 1, w.shape[1]), dy.dtype)  # dw | db, per chunk
-    ones = np.ones(len(dy), dy.dtype)
 
     def block(i, s, e):
         np.matmul(dy[s:e], w.T, out=dx[s:e])
@@ -157,8 +135,7 @@ def linear_backward(dy, cache):
 def layernorm_forward(x, gamma, beta, eps=LN_EPS):
     """layers.layernorm_forward as one chain of in-place passes per row block. x: (n, D)."""
     n, D = x.shape
-    y, xhat = np.empty_like(x), np.empty_like(x)                          # (n, D), (n, D)
-    inv_std = np.empty((n, 1), dtype=x.dtype)                             # (n, 1)
+    y, xhat, inv_std = np.empty_like(x), np.empty_like(x), np.empty((n, 1), x.dtype)
     inv_D, eps, ones = _c(1.0 / D, x), _c(eps, x), np.ones(D, x.dtype)
 
     def block(i, s, e):
@@ -184,8 +161,7 @@ def layernorm_backward(dy, cache):
     xhat, inv_std, gamma = cache
     n, D = xhat.shape
     blocks = row_blocks(n, BLOCK // D)
-    dx, t = np.empty_like(dy), np.empty_like(dy)                          # (n, D), (n, D)
-    m1, m2 = np.empty(n, dy.dtype), np.empty(n, dy.dtype)                 # (n,), (n,)
+    dx, t, (m1, m2) = np.empty_like(dy), np.empty_like(dy), np.empty((2, n), dy.dtype)
     dgamma, dbeta = np.zeros((2, len(blocks), D), dy.dtype)               # (P, D) partials
     inv_D, ones_D, ones_r = _c(1.0 / D, dy), np.ones(D, dy.dtype), np.ones(n, dy.dtype)
 
@@ -209,8 +185,7 @@ def layernorm_backward(dy, cache):
 
 
 def gelu_forward(x):
-    """layers.gelu_forward with (1 + tanh(u)) / 2 as the logistic 1 / (1 + exp(-2u)) (one exp
-    costs less than a tanh), in place per row block: y = x s, s = 1 / (1 + exp(-2c (x + a x^3)))."""
+    """layers.gelu_forward in place per row block: y = x s, s = (1 + tanh u) / 2 = 1/(1 + e^-2u)."""
     s_all, y = np.empty_like(x), np.empty_like(x)                         # (n, F), (n, F)
     ac2, c2, one = _c(-2.0 * GELU_A * GELU_C, x), _c(-2.0 * GELU_C, x), _c(1.0, x)
 
@@ -230,8 +205,7 @@ def gelu_forward(x):
 
 
 def gelu_backward(dy, cache):
-    """layers.gelu_backward in the forward's s, with (1 - th^2) / 2 = 2 s (1 - s):
-    dx = dy [s + 2 x s (1 - s) c (1 + 3 a x^2)], in place per row block."""
+    """layers.gelu_backward per row block, in s: dx = dy [s + 2 x s (1 - s) c (1 + 3 a x^2)]."""
     x, s_all = cache
     dx = np.empty_like(dy)                                                # (n, F)
     ac6, c2, one = _c(6.0 * GELU_A * GELU_C, dy), _c(2.0 * GELU_C, dy), _c(1.0, dy)
@@ -251,28 +225,22 @@ def gelu_backward(dy, cache):
     return dx
 
 
-# ---------------------------------------------------------------- attention, per group
 def group_heads(rows, Bg, n_heads):
-    """A group's rows (Bg * Tg, C) -> (Bg, n_heads, Tg, C / n_heads) as layers.split_heads:
-    a view, so writing it writes the rows."""
+    """A group's rows (Bg * Tg, C) -> a view (Bg, n_heads, Tg, C / n_heads), as split_heads."""
     return rows.reshape(Bg, -1, n_heads, rows.shape[1] // n_heads).transpose(0, 2, 1, 3)
 
 
 def attention_forward(x, w_qkv, b_qkv, w_o, b_o, rows, n_heads):
-    """layers.attention_forward one group of equal-length captions at a time: q, k, v are views
-    of the group's rows of x w_qkv + b_qkv, the softmax runs in place in one (Bg, H, Tg, Tg)
-    buffer, the merged heads go straight into the rows of a. x: (n, D) rows of token_rows."""
-    n, D = x.shape
-    H = n_heads
+    """layers.attention_forward a group at a time: q, k, v views of its rows of qkv, softmax in
+    place in one (Bg, H, Tg, Tg) buffer, heads merged into a's rows. x: (n, D) token_rows."""
+    (n, D), H = x.shape, n_heads
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv)                          # (n, 3D)
-    a = np.empty((n, D), dtype=x.dtype)                                   # (n, D)
-    scale = _c(1.0 / math.sqrt(D // H), x)
+    a, scale = np.empty((n, D), dtype=x.dtype), _c(1.0 / math.sqrt(D // H), x)
     probs = [np.empty((g.Bg, H, g.Tg, g.Tg), x.dtype) for g in rows.groups]
 
     def group(i, s, e):
         g, p = rows.groups[i], probs[i]                                   # p: (Bg, H, Tg, Tg)
-        heads = group_heads(qkv[s:e], g.Bg, 3 * H)                        # (Bg, 3H, Tg, Dh)
-        q, k, v = heads[:, :H], heads[:, H:2 * H], heads[:, 2 * H:]
+        q, k, v = np.split(group_heads(qkv[s:e], g.Bg, 3 * H), 3, axis=1)  # (Bg, H, Tg, Dh)
         np.matmul(q, k.swapaxes(-1, -2), out=p)
         p *= scale
         if g.bias is not None:
@@ -309,10 +277,8 @@ def attention_backward(dy, cache):
     return dx, dw_qkv, db_qkv, dw_o, db_o
 
 
-# ---------------------------------------------------------------- pooling, a segment mean
 def pool_forward(h, rows):
-    """layers.pool_forward as each group's (Bg, Tg, D) rows summed over Tg, / Tg.
-    h: (n, D) rows. Returns z (B, D) in batch order (0 for an empty caption) and a cache."""
+    """layers.pool_forward: each group's (Bg, Tg, D) rows summed over Tg, / Tg. z: (B, D)."""
     z = np.zeros((len(rows.order), h.shape[1]), dtype=h.dtype)            # (B, D) row order
     for g in rows.groups:
         zg = z[g.first:g.first + g.Bg]
@@ -321,33 +287,27 @@ def pool_forward(h, rows):
     return z[np.argsort(rows.order)], rows                                # (B, D) batch order
 
 
-def pool_backward(dz, cache):
+def pool_backward(dz, rows):
     """dz: (B, D) -> dh (n, D): each row gets its caption's dz / its length."""
-    rows = cache
     full = rows.lengths > 0
     n_b = rows.lengths[full]                                              # (B_full,)
     return np.repeat(dz[rows.order[full]] / n_b.astype(dz.dtype)[:, None], n_b, axis=0)
 
 
-# ---------------------------------------------------------------- the tied head, fused with CE
 def lm_head_forward(hf, tok_emb):
-    """layers.lm_head_forward, deferred: the logits hf @ tok_emb^T as the pair (hf, tok_emb),
-    computed by cross_entropy. hf: (n, D); tok_emb: (V, D)."""
+    """layers.lm_head_forward deferred: the pair (hf, tok_emb), multiplied in cross_entropy."""
     return (hf, tok_emb), None
 
 
 def cross_entropy(logits, targets):
-    """losses.cross_entropy fused with the tied head, on (hf, tok_emb): per HEAD_ROWS rows,
-    logits = hf_b tok_emb^T, in place -> (softmax - onehot) / n (CE_ROWS rows at a time),
-    dhf_b = dlogits_b tok_emb, dtok_emb += dlogits_b^T hf_b (a partial per chunk, summed in
-    order); -log softmax at the target in float64. Returns loss, (dhf, dtok_emb), stats."""
-    hf, tok_emb = logits
-    n = len(hf)
+    """losses.cross_entropy fused with the tied head: per HEAD_ROWS rows, logits = hf_b tok_emb^T
+    -> in place (softmax - onehot) / n, CE_ROWS rows at a time; dhf_b = dlogits_b tok_emb, dtok_emb
+    partials summed in order. Returns loss, (dhf, dtok_emb), stats."""
+    (hf, tok_emb), n = logits, len(logits[0])
     if n == 0:
         raise ValueError("cross_entropy over zero targets")
-    blocks = chunks(n)
-    nll = np.empty(n)                                                     # (n,) float64
-    dhf = np.empty_like(hf)                                               # (n, D)
+    blocks = row_blocks(n)
+    nll, dhf = np.empty(n), np.empty_like(hf)                             # (n,) float64, (n, D)
     partials = np.zeros((len(blocks), *tok_emb.shape), hf.dtype)          # (SPLITS, V, D)
     ones, inv_n = np.ones(len(tok_emb), hf.dtype), _c(1.0 / n, hf)        # (V,), 1/n
 
