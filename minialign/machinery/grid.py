@@ -152,8 +152,7 @@ def state(run_dir):
 
 def selection_score(run_dir, emb=None, memo=None):
     """Final val mutual-kNN against emb, else val paraphrase R@1; -inf diverged, None not done."""
-    found = state(run_dir)
-    if found != "finished":
+    if (found := state(run_dir)) != "finished":
         return -math.inf if found == "diverged" else None
     if emb is None:
         return runs.read_metrics(run_dir)["final"]["val"]["paraphrase_R@1"]
@@ -345,8 +344,7 @@ def time_run(cfg, steps=3):
     """1 + steps steps of cfg, quietly: {"step_s" (median), "fixed_s", "val_share"}."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         t0 = time.perf_counter()
-        train(dataclasses.replace(cfg, eval_every=10**9), tmp, progress=False,
-              stop_after=1 + steps)
+        train(dataclasses.replace(cfg, eval_every=10**9), tmp, progress=False, stop_after=1 + steps)
         wall = time.perf_counter() - t0
         seconds = [json.loads(line)["seconds"] for line in open(Path(tmp) / "log.jsonl")]
         photos = runs.read_json(Path(tmp) / "config.json")["info"]["photos"]
