@@ -1,12 +1,10 @@
 """A SYNTHETIC world: scenes, captions and fake "image embeddings" in the real data's two formats
-(COCO captions JSON, embeddings .npz); both files say they are not COCO or DINOv2.
-A scene is a setting plus 2-5 objects of different kinds (colour, count, size, position), most
-salient first. Each of its 5 captions mentions a SUBSET (the setting with P_SETTING, the object
-of rank r with P_OBJECT[r], at least one, an attribute with P_ATTRIBUTE): two partial views, as
-two annotators' captions of a photo; scripts/calibrate.py matches them to COCO's statistics.
-A scene's image embedding is a FIXED random map of ALL its binary factors x (F,):
-    y = tanh(x w1 + b1) w2 + b2 + NOISE * eps,   eps ~ N(0, I)
-"""
+(COCO captions JSON, embeddings .npz), both saying they are not COCO or DINOv2. A scene is a
+setting plus 2-5 objects of different kinds (colour, count, size, position), most salient first.
+Each of its 5 captions mentions a SUBSET (the setting with P_SETTING, the object of rank r with
+P_OBJECT[r], at least one, an attribute with P_ATTRIBUTE), as two annotators' captions of a photo
+(scripts/calibrate.py matches COCO's statistics). The image embedding is a FIXED random map of ALL
+the scene's binary factors x (F,): y = tanh(x w1 + b1) w2 + b2 + NOISE * eps, eps ~ N(0, I)."""
 import hashlib
 import json
 import re
@@ -103,8 +101,8 @@ COUNT_CDF = choice_cdf(COUNT_P)
 
 
 def pick(options, rng, cdf=None):
-    """One of options, i with weight 1 / (i + 1) ** ZIPF, or by cdf: rng.choice(n, p=p)'s own
-    draw (the first i with choice_cdf(p)[i] > rng.random()) without its slow checks of p."""
+    """One of options, i with weight 1 / (i + 1) ** ZIPF or by cdf (choice_cdf(p)): the draw of
+    rng.choice(n, p=p) without its slow checks of p."""
     cdf = ZIPF_CDF[len(options)] if cdf is None else cdf
     return options[int(cdf.searchsorted(rng.random(), side="right"))]
 
@@ -193,20 +191,18 @@ def scene_captions(scene, rng):
     while len(captions) < CAPTIONS_PER_SCENE and draws < 250:
         text, draws = caption(scene, rng), draws + 1
         captions += [] if text in captions else [text]
-    noisy = []
-    for text in captions:
+    for i, text in enumerate(captions):
         text = text[:-1] if rng.random() < P_NO_PERIOD else text
         r = rng.random()
         text = text.lower() if r < P_LOWER else text.upper() if r < P_LOWER + P_UPPER else text
-        noisy.append(text + " " if rng.random() < P_TRAILING_SPACE else text)
-    return noisy
+        captions[i] = text + " " if rng.random() < P_TRAILING_SPACE else text
+    return captions
 
 
 def make_world(n_scenes, rng):
     """{"image_ids": (N,) int64 distinct, "scenes", "captions": N lists of 5 str, "factors":
-    (N, F) float64 x, "embeddings": (N, D_IMG) float32 y}. rng draws three seeds: scenes then
-    ids, wording, noise; the image model (w1, b1, w2, b2, the attributes' shared rows of w1,
-    mixed into each kind's) is drawn from default_rng(WORLD_SEED)."""
+    (N, F) float64 x, "embeddings": (N, D_IMG) float32 y}. rng seeds scenes and ids, wording,
+    noise; the image model is drawn from default_rng(WORLD_SEED)."""
     rng_scene, rng_text, rng_noise = (np.random.default_rng(int(s))
                                       for s in rng.integers(0, 2**63, size=3))
     scenes = [sample_scene(rng_scene) for _ in range(n_scenes)]
@@ -228,9 +224,8 @@ def make_world(n_scenes, rng):
 
 
 def write_world(out, n_scenes=2000, seed=0, force=False):
-    """Write out/captions_synthetic.json (COCO format, each image with its "synthetic_scene",
-    annotations shuffled) and out/embeddings_synthetic.npz (the embeddings file images.py
-    reads); same seed, same bytes. Returns the two paths; FileExistsError unless force."""
+    """Write out/captions_synthetic.json (COCO format plus each image's "synthetic_scene") and
+    out/embeddings_synthetic.npz; same seed, same bytes. Returns the two paths."""
     paths = (Path(out) / CAPTIONS_NAME, Path(out) / EMBEDDINGS_NAME)
     for path in [p for p in paths if p.exists() and not force]:
         raise FileExistsError(f"{path}: already exists; pass --force to overwrite it")
@@ -262,9 +257,8 @@ def write_world(out, n_scenes=2000, seed=0, force=False):
 
 
 def world_ceiling(image_ids, factors, embeddings, k=MUTUAL_KNN_K, split_seed=SPLIT_SEED):
-    """Mutual k-NN (metrics.mutual_knn) of the TEST scenes' factors (N, F) of 0s and 1s with
-    their embeddings (N, D), rows in ascending id as evaluation holds them: what a text encoder
-    that recovered every scene would score. image_ids (N,). Returns a float in [0, 1]."""
+    """Mutual k-NN (metrics.mutual_knn) in [0, 1] of the TEST scenes' factors (N, F) of 0s and
+    1s with their embeddings (N, D): what a text encoder that recovered every scene would score."""
     factors, embeddings = np.asarray(factors, dtype=np.float64), np.asarray(embeddings)
     test = split_photos(image_ids, split_seed)["test"]                          # (N_test,)
     test = test[np.argsort(np.asarray(image_ids)[test], kind="stable")]
