@@ -1,13 +1,10 @@
-"""Image scores of a run: its saved caption embeddings against ONE image-embeddings file.
-
-Computed when asked, never stored: a run keeps its caption embeddings (captions/<split>_step*.npz:
-val at every evaluation, val, test and train at step 0 and the last step).
+"""Image scores of a run, computed when asked and never stored: its saved caption embeddings
+(captions/<split>_step*.npz) against ONE image-embeddings file.
 
 The embeddings file (export.py and synthetic.py write it; np.load(path, allow_pickle=False)):
     image_ids   (N,)        integer, unique: the photos' image ids
     embeddings  (N, D_img)  float, finite: row i is photo image_ids[i]
-    meta        ()          unicode JSON object (model, revision, count = N, dim = D_img, ...);
-                            optional, so another tool's file with the two arrays loads
+    meta        ()          optional unicode JSON object (model, revision, count = N, dim, ...)
 Captions are joined to images by image id. Slot s of a split holds each photo's s-th caption:
     mutual_knn      mutual kNN@K (metrics.mutual_knn) of each slot's captions with the images,
                     on the N photos having every slot, mean over slots
@@ -44,8 +41,7 @@ class Embeddings:
 
 
 def load_embeddings(path):
-    """Read and check an embeddings file (the module docstring). FileNotFoundError /
-    ValueError, one line starting with the file."""
+    """Read and check an embeddings file; FileNotFoundError / ValueError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such embeddings file (`make embeddings` exports "
@@ -123,8 +119,8 @@ def knn_mask(x, k):
 
 
 def mean_mutual_knn(ids, z_slots, emb, where, memo):
-    """Mutual kNN@K of each slot's captions z (N, D) with the images of photos `ids` (N,),
-    mean over slots; memo keeps the images' knn mask for the next call on the same photos."""
+    """Mean over slots of mutual kNN@K of captions z (N, D) with the images of `ids` (N,); memo
+    keeps the images' knn masks."""
     key = (str(emb.path), ids.tobytes())
     if key not in memo:
         memo[key] = knn_mask(images_of(emb, ids, where), K)
@@ -139,10 +135,8 @@ def slot_rows(slots):
 
 
 def score_split(slots, emb=None, train_slots=None, where="the split", memo=None):
-    """The scores of one saved split (module docstring): {"photos" P, "paraphrase_R@1", "std",
-    "effective_rank", "collapsed", "chance": {...}, with emb "mutual_knn", with train_slots
-    "R@k"}. slots, train_slots: runs.load_caption_slots of the split's and the train file at
-    one step; emb: Embeddings or None (text side only); memo: a dict kept across calls."""
+    """The scores of one split's load_caption_slots (module docstring); "mutual_knn" if emb (else
+    the text side only), "R@k" if train_slots (the train file's, same step)."""
     (ids0, z0), (ids1, z1) = slots[0], slots[1]
     z1 = z1[positions(ids1, ids0)]                  # every photo has slots 0 and 1
     out = {"photos": len(z0), "paraphrase_R@1": paraphrase_r_at_1(z0, z1),
@@ -181,14 +175,13 @@ def saved_files(run_dir):
 
 
 def score_run(run_dir, emb=None, step=None, memo=None):
-    """A run's scores at `step` (default: its last): {"step", "val": score_split, and "test"
-    (with R@k) if the step saved test captions (step 0 and the last)}. emb: as score_split."""
+    """{"step", "val": score_split, and "test" (with R@k) if saved at `step`} at `step` (default:
+    the last); emb: as score_split."""
     files = saved_files(run_dir)
     step = max(files["val"]) if step is None else step
     if step not in files["val"]:
         raise ValueError(f"{run_dir}: no captions saved at step {step} (steps "
                          f"{list(files['val'])})")
-    memo = {} if memo is None else memo
     out = {"step": step, "val": score_split(load_caption_slots(files["val"][step]), emb,
                                             where=f"{run_dir} val", memo=memo)}
     if step in files["test"]:
@@ -199,8 +192,7 @@ def score_run(run_dir, emb=None, step=None, memo=None):
 
 
 def curve(run_dir, emb, memo=None):
-    """Val mutual kNN@K at every step that saved val captions: {"step": [...], "mutual_knn":
-    [...]}; the images' knn masks are computed once."""
+    """{"step": [...], "mutual_knn": [...]}: val mutual kNN@K at every step that saved val."""
     memo, files = {} if memo is None else memo, saved_files(run_dir)["val"]
     return {"step": list(files), "mutual_knn": [
         mean_mutual_knn(*slot_rows(load_caption_slots(path)), emb, f"{run_dir} val", memo)
@@ -208,9 +200,8 @@ def curve(run_dir, emb, memo=None):
 
 
 def run_evaluate(runs, embeddings=None):
-    """`python -m minialign evaluate --run DIR ... [--embeddings FILE]`: each run's last scores
-    as a table (the text side without a file). Every input is read before anything is
-    printed. Returns the rows."""
+    """`python -m minialign evaluate`: each run's last scores as a table (text side only without
+    embeddings), every input read before anything is printed. Returns the rows."""
     from .report import md_table
     emb = None if embeddings is None else load_embeddings(embeddings)
     rows, memo = [], {}
