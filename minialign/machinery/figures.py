@@ -10,9 +10,14 @@ from .runs import atomic_write
 
 SIZE = (1600, 900)
 COLOURS = {"good_views": (0, 114, 178), "bad_views": (230, 159, 0), "next_token": (0, 158, 115)}
+OTHER = [(204, 121, 167), (86, 180, 233), (213, 94, 0), (240, 228, 66)]
 GREY, INK, RED = (150, 150, 150), (20, 20, 20), (170, 40, 40)
 LABELS = {"mutual_knn": "mutual-kNN@10", "R@1": "R@1, caption → image",
           "paraphrase_R@1": "paraphrase R@1 (text only)"}
+
+
+def colour(obj, objectives):
+    return COLOURS.get(obj) or OTHER[list(objectives).index(obj) % 4]
 
 
 def font(size):
@@ -37,7 +42,7 @@ def figure(results, title, objs, key):
     draw.text((800, 20), f"{title} — {results['dataset']}", font=font(36), fill=INK, anchor="ma")
     x = 140
     for obj in objs:
-        draw.rectangle([x, 848, x + 24, 872], fill=COLOURS[obj])
+        draw.rectangle([x, 848, x + 24, 872], fill=colour(obj, objs))
         draw.text((x + 34, 860), obj, font=font(26), fill=INK, anchor="lm")
         x += 80 + draw.textlength(obj, font=font(26))
     draw.text((1560, 860), key, font=font(24), fill=INK, anchor="rm")
@@ -107,7 +112,7 @@ def alignment(results):
         for j, obj in enumerate(objs):
             v = results["objectives"][obj][key]
             (x0, y0), (x1, _) = px(j - 0.3, 0), px(j + 0.3, 0)
-            draw.rectangle([x0, px(j, float(np.mean(v)))[1], x1, y0], fill=COLOURS[obj])
+            draw.rectangle([x0, px(j, float(np.mean(v)))[1], x1, y0], fill=colour(obj, objs))
             for s, value in enumerate(v):
                 dot(draw, px(j + (s - (len(v) - 1) / 2) * 0.1, value), 8, "white")
             draw.text(((x0 + x1) / 2, px(j, max(v))[1] - 14), f"{np.mean(v):.3f}", font=font(24),
@@ -136,11 +141,11 @@ def curves(results):
               [(t, f"{t:g}") for t in ticks(0, steps, 6)], "training step")
     for obj, (x, v) in lines.items():                        # the seeds' range, see-through
         band = [px(s, y) for s, y in [*zip(x, v.max(0)), *zip(x[::-1], v.min(0)[::-1])]]
-        ImageDraw.Draw(img, "RGBA").polygon(band, fill=COLOURS[obj] + (60,))
+        ImageDraw.Draw(img, "RGBA").polygon(band, fill=colour(obj, lines) + (60,))
     ends = []
     for obj, (x, v) in lines.items():
-        draw.line([px(s, y) for s, y in zip(x, v.mean(0))], fill=COLOURS[obj], width=5)
-        ends.append((px(x[-1], v.mean(0)[-1])[1], f"{v.mean(0)[-1]:.3f}", COLOURS[obj]))
+        draw.line([px(s, y) for s, y in zip(x, v.mean(0))], fill=colour(obj, lines), width=5)
+        ends.append((px(x[-1], v.mean(0)[-1])[1], f"{v.mean(0)[-1]:.3f}", colour(obj, lines)))
     labels_right(draw, px, (0, steps), [(results["chance"].get(metric), "chance", GREY)], ends)
     return img
 
@@ -158,7 +163,7 @@ def lr_search(results):
     dashed(draw, px(shared, 0), (px(shared, 0)[0], box[1]))
     draw.text((px(shared, 0)[0] + 8, box[1]), "the seed grid's lr", font=font(22), fill=INK)
     for j, (obj, s) in enumerate(searches.items()):
-        shift, c = 10 ** (0.03 * (j - (len(searches) - 1) / 2)), COLOURS[obj]
+        shift, c = 10 ** (0.03 * (j - (len(searches) - 1) / 2)), colour(obj, searches)
         done = [px(lr * shift, v) for lr, v in zip(s["lrs"], s["scores"]) if isinstance(v, float)]
         draw.line(done, fill=c, width=4)
         for lr, v in zip(s["lrs"], s["scores"]):
@@ -188,10 +193,10 @@ def scaling(results):
     for j, obj in enumerate(objs):
         points = [(s["params"] * 10 ** (0.02 * (j - 1)), s["objectives"][obj][metric])
                   for s in sizes if s["objectives"][obj].get(metric)]   # side by side
-        draw.line([px(p, float(np.mean(v))) for p, v in points], COLOURS[obj], 4)
+        draw.line([px(p, float(np.mean(v))) for p, v in points], colour(obj, objs), 4)
         for p, v in points:
             for value in v:
-                dot(draw, px(p, value), 8, COLOURS[obj])
+                dot(draw, px(p, value), 8, colour(obj, objs))
     labels_right(draw, px, xs, [(results["chance"].get(metric), "chance", GREY)])
     t = results["trend"]
     draw.text((770, 805), "the good_views − next_token gap: " + t["verdict"] + (
