@@ -5,14 +5,11 @@ The embeddings file (export.py and synthetic.py write it; np.load(path, allow_pi
     image_ids   (N,)        integer, unique: the photos' image ids
     embeddings  (N, D_img)  float, finite: row i is photo image_ids[i]
     meta        ()          optional unicode JSON object (model, revision, count = N, dim, ...)
-Captions are joined to images by image id. Slot s of a split holds each photo's s-th caption:
-    mutual_knn      mutual kNN@K (metrics.mutual_knn) of each slot's captions with the images,
-                    on the N photos having every slot, mean over slots
-    R@1, R@5, R@10  test: caption -> image after the rotation fitted on the train photos' slot-0
-                    captions (metrics.fit_procrustes), mean over slots
-    paraphrase_R@1  slot 0 finds slot 1 of its photo; std, effective_rank, collapsed:
-                    metrics.collapse_stats of slot 0
-    chance          mutual kNN K / (N - 1), R@k k / N, paraphrase 1 / P
+Captions are joined to images by image id; slot s of a split holds each photo's s-th caption.
+On the N photos having every slot, means over slots: mutual_knn (mutual kNN@K with the images)
+and R@1, R@5, R@10 (test: caption -> image after the rotation fitted on the train photos' slot-0
+captions). paraphrase_R@1: slot 0 finds slot 1 of its photo; std, effective_rank, collapsed:
+metrics.collapse_stats of slot 0. chance: mutual kNN K / (N - 1), R@k k / N, paraphrase 1 / P.
 """
 import json
 import sys
