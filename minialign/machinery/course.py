@@ -1,10 +1,8 @@
-"""The course kit (docs/course.md): exercises marked in the working code, a student copy with
-their bodies blanked, and a grader that runs each exercise's tests in a process of its own.
-An exercise is a function body (or its end) between `# --- exercise N: title ---` and `# --- end
-of exercise N ---` in a module of minialign/; a student copy has it as one line (Exercise.stub)
-and lacks LEFT_OUT (the fast path computes the exercises' maths). Exercise N's tests are those of
-tests/test_exercises.py marked exerciseN. Standard library only: grading imports no student code.
-"""
+"""The course kit (docs/course.md): exercises marked in the working code (a body between
+`# --- exercise N: title ---` and `# --- end of exercise N ---` in a module of minialign/), a
+student copy with them blanked (Exercise.stub) and without LEFT_OUT (the fast path computes their
+maths), and a grader running each exercise's tests (tests/test_exercises.py marked exerciseN) in
+a process of its own. Standard library only: grading imports no student code."""
 import csv
 import os
 import re
@@ -45,12 +43,10 @@ class Exercise(NamedTuple):
 
     @property
     def stub(self):
-        """The line that replaces the body in a student copy."""
         return (f'raise NotImplementedError("exercise {self.number}: {self.title} — see '
                 f'docs/course.md#exercise-{self.number}")')
 
 
-# ---------------------------------------------------------------- the markers
 def parse(text, path):
     """The exercises marked in one module's text, in file order. Raises ValueError naming path:line
     for an unclosed or unopened pair, nested or empty pairs, or a pair at two indentations."""
@@ -84,8 +80,7 @@ def list_exercises(root=ROOT, numbers=(), flag=""):
     if [e.number for e in found] != list(range(1, len(found) + 1)):
         raise ValueError(f"{Path(root) / 'minialign'}: exercise numbers must be 1..N, each "
                          f"once; found {[e.number for e in found]}")
-    unknown = sorted(set(numbers) - {e.number for e in found})
-    if unknown:
+    if unknown := sorted(set(numbers) - {e.number for e in found}):
         raise ValueError(f"{flag}: no exercise {', '.join(map(str, unknown))} "
                          f"(there are 1..{len(found)})")
     return found
@@ -114,7 +109,6 @@ def splice(student, solution, path, numbers=None):
     return "".join(lines)
 
 
-# ---------------------------------------------------------------- the student copy
 def repository_files(root=ROOT):
     """The repository's files, relative posix paths, sorted: tracked or not ignored by git
     (`git ls-files`), or outside a checkout every file but caches, runs and results."""
@@ -182,7 +176,6 @@ def restore(copy, numbers=None, root=ROOT):
     return paths
 
 
-# ---------------------------------------------------------------- the grader
 def titles(tests):
     """{N: title} of the exerciseN markers in the pyproject.toml beside the tests' folder."""
     text = (Path(tests).resolve().parent.parent / "pyproject.toml").read_text(errors="replace")
@@ -238,10 +231,9 @@ def verdict(number, report, copy, cwd):
     if not bad:
         return "passed", ""
     name, e = bad[0]
-    text = e.text or ""
-    said = re.findall(r"^E +([\w.]+: .*)$", text, re.M)
+    said = re.findall(r"^E +([\w.]+: .*)$", e.text or "", re.M)
     detail = f"{name}: {said[0] if said else e.get('message', e.tag).splitlines()[0]}"
-    places = re.findall(r'^(\S+\.py):(\d+): |File "(.+\.py)", line (\d+)', text, re.M)
+    places = re.findall(r'^(\S+\.py):(\d+): |File "(.+\.py)", line (\d+)', e.text or "", re.M)
     places = [(Path(cwd, a or c).resolve(), b or d) for a, b, c, d in places]
     mine = [(p.relative_to(copy), n) for p, n in places if Path(copy) in p.parents]
     if mine or places:
@@ -251,10 +243,9 @@ def verdict(number, report, copy, cwd):
 
 
 def grade(copy=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
-    """Grade exercises `numbers` (None: all the tests' pyproject.toml names) of the copy (default:
-    the one holding the working directory) against `tests` (default: the copy's own), `jobs` at
-    once (default: the cores, at most 4). One row per exercise: {number, title, status, detail,
-    seconds}; never raises for what the copy holds (a broken file is that exercise's row)."""
+    """Grade exercises `numbers` (None: all in the tests' pyproject.toml) of the copy (default: the
+    one holding the working directory) against `tests` (default: the copy's), `jobs` at once. Rows
+    {number, title, status, detail, seconds}; what the copy holds never raises (it is a row)."""
     here = Path.cwd().resolve()
     found = [p for p in [here, *here.parents] if (p / "minialign" / "__init__.py").is_file()]
     if copy is None and not found:
@@ -295,9 +286,8 @@ def table(rows, copy=None, student=None):
 
 def grade_class(folder, out=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
     """Grade every copy in folder's subfolders (one with minialign/ per student) against `tests`
-    (default: this repository's), a line per student as each finishes, into one CSV (default:
-    folder/grades.csv), rewritten after each copy, a row per (student, exercise): student, copy,
-    exercise, title, status, points, detail. Returns the rows."""
+    (default: this repository's), a line per student, into a CSV (default: folder/grades.csv)
+    rewritten after each copy, a row per (student, exercise). Returns the rows."""
     folder = Path(folder)
     out = Path(out) if out else folder / "grades.csv"
     copies = sorted(p.parent for p in folder.glob("*/minialign") if p.is_dir())
@@ -309,10 +299,9 @@ def grade_class(folder, out=None, numbers=None, tests=None, timeout=TIMEOUT, job
         sid = copy / STUDENT_FILE                      # its first line, else the folder's name
         sid = sid.read_text(errors="replace").strip().splitlines() if sid.is_file() else []
         student = sid[0].strip() if sid else copy.name
-        mine = grade(copy, numbers, tests, timeout, jobs)
-        for r in mine:
-            r.update(student=student, copy=str(copy),
-                     points=POINTS.get(r["number"], 0) if r["status"] == "passed" else 0)
+        mine = [{**r, "student": student, "copy": str(copy),
+                 "points": POINTS.get(r["number"], 0) if r["status"] == "passed" else 0}
+                for r in grade(copy, numbers, tests, timeout, jobs)]
         rows += mine
         partial = out.with_name(out.name + ".partial")
         with open(partial, "w", encoding="utf-8", newline="") as f:
