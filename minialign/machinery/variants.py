@@ -1,16 +1,9 @@
-"""Named variants: experiments beyond the replication, each an objective beside the three
-(`--objective good_views_sigreg`), registered in objectives.OBJECTIVES when this module is
-imported. None of them changes the three.
-
-    *_sigreg        LeJEPA's SIGReg (Balestriero & LeCun 2025) in place of VICReg's variance +
-                    covariance: sim_weight * invariance + SIGREG_WEIGHT * mean of SIGReg(z_v)
-    *_projector     VICReg's expander between the encoder and the loss (4 D wide), whose
-                    output the loss reads; every metric still reads the encoder's z
-    next_token_last z is the last real token's state (it has read the whole caption) instead
-                    of the mean over the caption
-    bad_views_drop  the masked words are removed (the caption gets shorter) instead of replaced
-                    by <mask>, so the two views differ in length and positions too
-"""
+"""Named variants beyond the replication, each an objective beside the three, registered in
+objectives.OBJECTIVES on import (`--objective good_views_sigreg`):
+    *_sigreg        LeJEPA's SIGReg (Balestriero & LeCun 2025) for VICReg's variance + covariance
+    *_projector     VICReg's expander (4 D wide) between encoder and loss; metrics read the z
+    next_token_last z is the last real token's state instead of the mean over the caption
+    bad_views_drop  masked words removed (not replaced by <mask>): views differ in length too"""
 import numpy as np
 
 from ..losses import _invariance_term, vicreg_loss
@@ -28,25 +21,20 @@ PROJECTOR_RATIO = 4      # the projector's width P = 4 D
 
 
 def sigreg(z, directions, t_max=SIGREG_T_MAX, n_points=SIGREG_POINTS):
-    """SIGReg: the Epps-Pulley statistic of each projection x = z a against N(0, 1), averaged
-    over the M directions a (LeJEPA eq. 5):
-        EP(a) = N integral_{-t_max}^{t_max} |phi_N(t) - phi(t)|^2 w(t) dt,
-        phi_N(t) = mean_n exp(i t x_n),  phi(t) = w(t) = exp(-t^2 / 2).
-    The integrand is even: twice the trapezoid rule on [0, t_max]. Not centred or scaled: mean
-    0 and variance 1 are part of the target, which is what stops collapse.
+    """SIGReg (LeJEPA eq. 5): the mean over M directions a of the Epps-Pulley statistic of x = z a,
+        EP(a) = N integral_{-t_max}^{t_max} |phi_N(t) - phi(t)|^2 w(t) dt, phi(t) = w(t) =
+        exp(-t^2 / 2), phi_N(t) = mean_n exp(i t x_n): twice the trapezoid rule on [0, t_max].
+    Not centred or scaled: mean 0 and variance 1 are part of the target (it stops collapse).
     z: (N, D); directions: (D, M) unit columns. Returns SIGReg, dSIGReg/dz (N, D)."""
-    N = len(z)
-    M = directions.shape[1]
-    t = np.linspace(0.0, t_max, n_points).astype(z.dtype)                 # (P,)
-    dt = t_max / (n_points - 1)
+    N, M = len(z), directions.shape[1]
+    t, dt = np.linspace(0.0, t_max, n_points).astype(z.dtype), t_max / (n_points - 1)  # (P,)
     quad = np.full(n_points, 2 * dt, dtype=z.dtype)                       # trapezoid, folded:
     quad[[0, -1]] = dt                                                    # ends once, inside twice
     phi = np.exp(-t * t / 2)                                              # (P,)
     w = quad * phi                                                        # (P,)
     xt = (z @ directions)[:, :, None] * t                                 # (N, M, P)
     cos, sin = np.cos(xt), np.sin(xt)
-    re = cos.mean(axis=0) - phi                                           # (M, P)
-    im = sin.mean(axis=0)                                                 # (M, P)
+    re, im = cos.mean(axis=0) - phi, sin.mean(axis=0)                     # (M, P), (M, P)
     ep = N * ((re * re + im * im) @ w)                                    # (M,)
     # d EP / d x_n = sum_k w_k 2 (re_k (-t_k sin) + im_k t_k cos); the mean over M divides by M
     dx = (im[None] * cos - re[None] * sin) @ (w * t) * (2.0 / M)          # (N, M)
@@ -67,18 +55,15 @@ def sigreg_loss(z_a, z_b, rng, sim_weight, weight=1.0):
 
 
 def drop_words(tokens, rate, rng):
-    """The words mask_words would mask (the same draws) removed, each caption's remaining
-    tokens moved left to close the gaps. tokens: (B, T) int. Returns a new (B, T) array."""
+    """mask_words's words (the same draws) removed, the rest moved left. tokens: (B, T) int."""
     keep = (tokens != PAD) & (mask_words(tokens, rate, rng) == tokens)    # (B, T)
-    order = np.argsort(~keep, axis=1, kind="stable")                      # kept first, in order
-    packed = np.take_along_axis(tokens, order, axis=1)
+    packed = np.take_along_axis(tokens, np.argsort(~keep, axis=1, kind="stable"), 1)  # kept first
     return np.where(np.arange(tokens.shape[1]) < keep.sum(axis=1, keepdims=True), packed,
                     PAD).astype(tokens.dtype)
 
 
 def projector_init(model, rng):
-    """y = linear(gelu(layernorm(linear(z)))), (N, D) -> (N, P): VICReg's expander with the
-    encoder's own layers (LayerNorm for BatchNorm: per row, as every layer here)."""
+    """VICReg's expander y = linear(gelu(layernorm(linear(z)))), (N, D) -> (N, P); LN for BN."""
     D, P, dtype = model.d_model, PROJECTOR_RATIO * model.d_model, np.dtype(model.dtype)
     normal = lambda *shape: (INIT_STD * rng.standard_normal(shape)).astype(dtype)
     return {"projector.w_in": normal(D, P), "projector.b_in": np.zeros(P, dtype),
@@ -116,28 +101,20 @@ def variant(pair="views", loss="vicreg", projector=False, pool="mean"):
     twice), "dropped" (a with words dropped twice) or "next" (a | b, causal, + next-token CE)."""
     def objective(params, batch, cfg, rng):
         a, b, rate = batch.tokens_a, batch.tokens_b, cfg.loss.mask_rate
-        tokens = {"views": lambda: np.concatenate([a, b]), "next": lambda: np.concatenate([a, b]),
-                  "masked": lambda: np.concatenate([mask_words(a, rate, rng), mask_words(a, rate, rng)]),
-                  "dropped": lambda: np.concatenate([drop_words(a, rate, rng), drop_words(a, rate, rng)]),
-                  }[pair]()                                               # (2B, T)
+        views = {"masked": mask_words, "dropped": drop_words}.get(pair)  # a changed twice
+        tokens = np.concatenate([views(a, rate, rng), views(a, rate, rng)] if views else [a, b])
         B, causal = len(a), pair == "next"
-        z, hf, cache = encode(params, tokens, cfg.model, causal)          # (2B, D), (n, D)
-        lengths = (tokens != PAD).sum(axis=1)
-        last = np.cumsum(lengths) - 1                                     # (2B,) rows of hf
-        if pool == "last":
-            z = hf[last]
+        z, hf, cache = objective.encode(params, tokens, cfg.model, causal)  # (2B, D), (n, D)
         y, c_proj = project(params, z, cfg.model) if projector else (z, None)
         w, sim = (cfg.loss.anticollapse_weight, 0.0) if causal else (1.0, cfg.loss.sim_weight)
-        if loss == "vicreg":
-            out, (dy_a, dy_b), stats = vicreg_loss(y[:B], y[B:], sim, w * cfg.loss.var_weight,
-                                                   w * cfg.loss.cov_weight)
-        else:
-            out, (dy_a, dy_b), stats = sigreg_loss(y[:B], y[B:], rng, sim, w)
-        dz = np.concatenate([dy_a, dy_b])
+        out, dys, stats = (vicreg_loss(y[:B], y[B:], sim, w * cfg.loss.var_weight,
+                                       w * cfg.loss.cov_weight) if loss == "vicreg"
+                           else sigreg_loss(y[:B], y[B:], rng, sim, w))
+        dz = np.concatenate(dys)
         dz, grads_proj = project_backward(dz, c_proj) if projector else (dz, {})
         dhf = np.zeros_like(hf) if causal or pool == "last" else None
         if pool == "last":
-            dhf[last] += dz                                               # z = hf[last]
+            dhf[np.cumsum((tokens != PAD).sum(axis=1)) - 1] += dz         # z = hf[last]
             dz = np.zeros_like(dz)
         if causal:
             targets, has = next_token_targets(tokens)
@@ -148,14 +125,12 @@ def variant(pair="views", loss="vicreg", projector=False, pool="mean"):
             dhf[has] += dh
             stats.update(ce_stats, anticollapse=out, loss=out + ce)
             out += ce
-        grads = encode_backward(dz, dhf, cache)
-        grads.update(grads_proj)
+        grads = {**encode_backward(dz, dhf, cache), **grads_proj}
         if causal:
             grads["tok_emb"] += dtok_emb
         return out, grads, stats
     objective.causal = pair == "next"
-    if pool == "last":
-        objective.encode = encode_last
+    objective.encode = encode_last if pool == "last" else encode
     if projector:
         objective.init = projector_init
     return objective
