@@ -36,7 +36,8 @@ def keep_freed_memory():
 
 
 def cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from .runs import cores
+    return cores()
 
 
 def config_fields():
@@ -224,6 +225,9 @@ def cmd_replicate(p, sweep=False):
             print(grid.slurm_script(protocol, a.out, a.embeddings), end="")
         else:
             grid.replicate(protocol, a.out, a.jobs, a.embeddings, a.dry_run)
+            if not a.dry_run:
+                from . import report
+                report.write_report(a.out, a.embeddings)
     return run
 
 

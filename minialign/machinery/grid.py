@@ -22,7 +22,7 @@ import numpy as np
 from ..checkpoint import config_json, first_difference
 from ..objectives import CAUSAL
 from ..train import TrainConfig, init_weights, prepare, train
-from . import cli, images, runs, variants  # noqa: F401 (variants: named objectives to list)
+from . import images, runs, variants  # noqa: F401 (variants: named objectives to list)
 
 OBJECTIVES, SEEDS = ("good_views", "bad_views", "next_token"), (0, 1, 2)   # the replication's
 WIDTHS, DEPTHS, CENTER = (64, 128, 256, 512), (2, 4, 8), (256, 4)   # the scaling sweep
@@ -184,7 +184,7 @@ def run_memory_mb(cfg, vocab_size):
 
 def choose_jobs(jobs, per_run_mb, n_runs, cores=None, free_mb=None):
     """--jobs: default one per core, at most n_runs and what fits; too many: ValueError."""
-    cores = cores or cli.cores()
+    cores = cores or runs.cores()
     if free_mb is None:                   # Linux's MemAvailable, else half the physical memory
         with contextlib.suppress(OSError, IndexError):
             meminfo = Path("/proc/meminfo").read_text()                      # in kB
@@ -238,7 +238,8 @@ def start(cfg, run_dir, log):
 
 
 def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
-    """Check the inputs, run the protocol, report. Returns {"runs": ..., "lr_search": ...}."""
+    """Check the inputs, run the protocol (cli then writes the report). Returns {"runs": ...,
+    "lr_search": ...}."""
     out, plan, tag = Path(out), planned(protocol), f"[{protocol.kind}]"
     info, emb = check_inputs(protocol, out, embeddings)
     jobs = choose_jobs(jobs, max(run_memory_mb(cfg, info["vocab_size"]) for cfg in plan.values()),
@@ -258,8 +259,6 @@ def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
         print(f"{tag} lr search {obj}: chosen {s['chosen']:.2e} "
               f"({'interior' if s['interior'] else 'ON THE EDGE'}) of "
               f"{', '.join(f'{lr:.2e}' for lr in s['lrs'])}", flush=True)
-    from . import report                  # report.py imports this module
-    report.write_report(out, embeddings)
     return {"runs": ended, "lr_search": searches}
 
 

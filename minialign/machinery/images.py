@@ -22,7 +22,7 @@ import numpy as np
 
 from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, collapse_stats, cosine_similarity,
                        fit_procrustes, paraphrase_r_at_1, rotated_recall)
-from .runs import caption_files, load_caption_slots, read_json
+from .runs import md_table, caption_files, load_caption_slots, read_json
 
 K = MUTUAL_KNN_K
 IMAGE_KEYS = ("mutual_knn",) + tuple(f"R@{k}" for k in DEFAULT_KS)
@@ -199,7 +199,6 @@ def curve(run_dir, emb, memo=None):
 def run_evaluate(runs, embeddings=None):
     """`python -m minialign evaluate`: each run's last scores as a table (text side only without
     embeddings), every input read before anything is printed. Returns the rows."""
-    from .report import md_table
     emb = None if embeddings is None else load_embeddings(embeddings)
     rows, memo = [], {}
     for run_dir in runs:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..objectives import CAUSAL
 from . import figures, grid, images, runs, synthetic
+from .runs import md_table  # noqa: F401 (the one table writer)
 
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "lr_search": 0.328},
              "bad_views": {"mutual_knn": 0.192, "R@1": 0.063, "lr_search": 0.196},
@@ -50,13 +51,6 @@ def cells(value, sign=False):
         return fmt(None if value == [] else value), ""
     spread = f" ± {np.std(value, ddof=1):.3f}" if len(value) > 1 else " (1 seed)"
     return fmt(float(np.mean(value)), sign) + spread, ", ".join(fmt(v) for v in value)
-
-
-def md_table(head, rows, align):
-    """The one table writer: markdown lines; rows: lists of str; align: l or r per column."""
-    return ["| " + " | ".join(head) + " |",
-            "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"] + \
-        ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def collect(out, embeddings=None):

@@ -122,3 +122,15 @@ def embed_captions(run_dir, captions):
     tokens = pad_batch([tok.encode(c, cfg.model.max_len)[0] for c in captions])   # (N, T)
     encoder = getattr(OBJECTIVES[cfg.objective], "encode", encode)
     return embed(params, tokens, cfg.model, CAUSAL[cfg.objective], encoder).astype(np.float32)
+
+
+def md_table(head, rows, align):
+    """The one table writer: markdown lines; rows: lists of str; align: l or r per column."""
+    return ["| " + " | ".join(head) + " |",
+            "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"] + \
+        ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def cores():
+    """The cores this process may compute on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
