@@ -3,20 +3,30 @@
 student copy with them blanked (Exercise.stub) and without LEFT_OUT (the fast path computes their
 maths), and a grader running each exercise's tests (tests/test_exercises.py marked exerciseN) in
 a process of its own. Standard library only: grading imports no student code."""
+import copy
 import csv
+import importlib.util
 import os
+import pickle
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
+
+from . import course_child
+from .course_child import flatten
 
 ROOT = Path(__file__).resolve().parents[2]     # the repository (or student copy) of this code
 START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")
@@ -26,10 +36,15 @@ LEFT_OUT = ("docs/teacher/", FAST, "tests/test_fast.py")    # prefixes kept out 
 STUDENT_FILE = "student.txt"                                 # a copy's student id, first line
 TESTS = "tests/test_exercises.py"
 TIMEOUT = 60.0       # seconds one exercise's tests may run (each takes about one here)
+CASES = "tests/exercise_cases.py"           # what the class grader asks of each exercise
+CHILD = Path(course_child.__file__)          # runs a student's function, reaching nothing else
+NUMPY = str(Path(np.__file__).parents[1])    # the folder numpy is imported from
+READABLE = sorted({str(Path(np.__file__).parent), *(str(p) for p in Path(NUMPY).glob("numpy.libs")),
+                   sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 POINTS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 4, 6: 2, 7: 3, 8: 2, 9: 3, 10: 2, 11: 2, 12: 2, 13: 3, 14: 3}
 # The grader's child: pytest, with an editable install's import hook removed, so a module
 # missing from the copy is missing, not the teacher's (the copy comes first on PYTHONPATH).
-CHILD = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in "
+PYTEST_CHILD = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in "
          "getattr(f, '__name__', type(f).__name__)]; import pytest; sys.exit(pytest.main())")
 
 
@@ -191,7 +206,7 @@ def run_tests(copy, tests, number, timeout):
         report, log = Path(scratch, "report.xml"), Path(scratch, "output.txt")
         env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1",
                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        argv = [sys.executable, "-c", CHILD, str(tests), "-q", "-m", f"exercise{number}",
+        argv = [sys.executable, "-c", PYTEST_CHILD, str(tests), "-q", "-m", f"exercise{number}",
                 "-p", "no:cacheprovider", "--noconftest", "--import-mode=importlib",
                 f"--junitxml={report}"]
         with open(log, "wb") as output:
@@ -284,35 +299,186 @@ def table(rows, copy=None, student=None):
     return "\n".join(lines)
 
 
-def grade_class(folder, out=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
-    """Grade every copy in folder's subfolders (one with minialign/ per student) against `tests`
-    (default: this repository's), a line per student, into a CSV (default: folder/grades.csv)
-    rewritten after each copy, a row per (student, exercise). Returns the rows."""
+class Judge(NamedTuple):
+    """One exercise of a class run: the calls made (pickled for the child, and as given), what
+    the repository's function returns for them, and a check replacing value by value."""
+    number: int
+    job: bytes
+    calls: list
+    expected: dict
+    check: object
+
+
+def judge_of(number, rng, cases):
+    """Exercise `number`'s calls, drawn from rng by cases.CASES[number], and the repository's
+    answers: its outputs and its inputs after each call, flattened (course_child.flatten)."""
+    module, name, calls = cases.CASES[number](rng)
+    job = pickle.dumps({"module": f"minialign.{module}", "function": name, "cases": calls})
+    function = getattr(importlib.import_module(f"minialign.{module}"), name)
+    expected = {}
+    for i, args in enumerate(copy.deepcopy(calls)):
+        flatten(function(*args), f"{i}/out", expected)
+        flatten(args, f"{i}/args", expected)
+    return Judge(number, job, calls, expected, cases.CHECKS.get(number))
+
+
+def run_child(folder, job, timeout):
+    """The copy's function on the job's inputs in a child (course_child.py) of its own session,
+    which can reach nothing but the copy, killed with all it started after `timeout` s.
+    Returns its flattened outputs, or {"error": what happened instead}."""
+    job = pickle.loads(job)
+    module = folder / (job["module"].replace(".", "/") + ".py")
+    if not module.is_file():
+        return {"error": f"{module.relative_to(folder).as_posix()} is missing"}
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        (scratch / "job.pkl").write_bytes(pickle.dumps(
+            {**job, "copy": str(folder), "cpu_seconds": int(timeout), "readable": READABLE}))
+        with open(scratch / "output.txt", "wb") as output:
+            child = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), str(scratch),
+                                      NUMPY], cwd=scratch, stdin=subprocess.DEVNULL,
+                                     stdout=output, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return {"error": f"timed out after {timeout:g} s"}
+            finally:                  # the child and every process it started, then reap it
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except (AttributeError, ProcessLookupError, PermissionError):  # Windows, or gone
+                    child.kill()
+                child.wait()
+        try:
+            with zipfile.ZipFile(scratch / "out.npz") as f:        # never more than it may write
+                if sum(i.file_size for i in f.infolist()) > course_child.FILE_SIZE:
+                    return {"error": "returned more than 64 MB"}
+            with np.load(scratch / "out.npz", allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        except (OSError, ValueError, zipfile.BadZipFile):
+            code = child.returncode
+            why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            said = (scratch / "output.txt").read_bytes()[-2000:].decode(errors="replace").split()
+            return {"error": f"ended with no result ({why})" + (f": ...{' '.join(said[-12:])}"
+                                                                if said else "")}
+
+
+def differs(have, want, tol):
+    """Why array `have` is not `want`: shape; dtype (0-d values may differ in type); value,
+    exact for integers and booleans, else to `tol` of the largest |want|; or None."""
+    if have.shape != want.shape:
+        return f"shape {have.shape}, expected {want.shape}"
+    if want.ndim and have.dtype != want.dtype:
+        return f"dtype {have.dtype}, expected {want.dtype}"
+    if want.dtype.kind not in "fc" or have.dtype.kind not in "fiub":
+        return None if np.array_equal(have, want) else f"{have}, expected {want}"[:200]
+    have, want = have.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(want)
+    if not np.array_equal(np.isfinite(have), finite) or np.any(have[~finite] != want[~finite]):
+        return "not finite where expected finite, or the other way round"
+    err = np.abs(have - want)[finite].max(initial=0) / max(np.abs(want[finite]).max(initial=0),
+                                                           np.finfo(np.float64).tiny)
+    return f"off by {err:.1e} of its largest value" if err > tol else None
+
+
+def verdict_of(judge, got):
+    """(status, detail) for the child's outputs `got`: "passed"; "not started" / "needs M" (it
+    reached exercise M's stub); "error" (it raised: where, if in the copy); "failed" (the first
+    output or input after the call that differs from the repository's, and how)."""
+    if "error" in got:
+        stub = re.match(r"NotImplementedError: exercise (\d+):", str(got["error"]))
+        if stub:
+            return ("not started" if int(stub[1]) == judge.number else f"needs {stub[1]}"), ""
+        return "error", str(got["error"])
+    for i, args in enumerate(judge.calls):
+        keys = [k for k in judge.expected if k.split("/")[0] == str(i)]
+        tol = 1e-4 if any(judge.expected[k].dtype == np.float32 for k in keys) else 1e-8
+        extra = sorted(k for k in got if k.split("/")[0] == str(i) and k not in judge.expected)
+        for key in keys + extra:
+            what = f"case {i}, {'returned' if key.split('/')[1] == 'out' else 'argument'} " + \
+                "".join(f"[{p}]" for p in key.split("/")[2:])
+            if key not in got or key not in judge.expected:
+                return "failed", f"{what}: {'missing' if key in judge.expected else 'not expected'}"
+            if judge.check and key == f"{i}/out":
+                why = differs(got[key], judge.expected[key], np.inf) or \
+                    judge.check(got[key], judge.expected[key], args)
+            else:
+                why = differs(got[key], judge.expected[key], tol)
+            if why:
+                return "failed", f"{what}{' after the call' if '/args' in key else ''}: {why}"
+    return "passed", ""
+
+
+def student_of(folder):
+    """The first line of the copy's student.txt (any bytes), else the folder's name."""
+    path = folder / STUDENT_FILE
+    lines = path.read_bytes().decode("utf-8", "replace").split() if path.is_file() else []
+    return lines[0] if lines else folder.name
+
+
+def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, regrade=False,
+                seed=None):
+    """Grade exercises `numbers` (None: all) of every copy in folder's subfolders (each with
+    a minialign/) against this repository's solutions, on inputs drawn from `seed` (None: a
+    new one). A line per student as it is graded; the CSV (default: folder/grades.csv),
+    rewritten after each copy, keeps a row per (student, exercise); a rerun keeps the rows
+    of copies it holds in full unless `regrade`. Returns the rows."""
     folder = Path(folder)
     out = Path(out) if out else folder / "grades.csv"
-    copies = sorted(p.parent for p in folder.glob("*/minialign") if p.is_dir())
+    check_teacher(ROOT, "grade against")
+    copies = sorted(p.parent.resolve() for p in folder.glob("*/minialign") if p.is_dir())
     if not copies:
         raise ValueError(f"{folder}: no copy in its subfolders (one with minialign/ per student)")
-    tests = Path(tests) if tests else ROOT / TESTS
-    rows = []
-    for copy in copies:
-        sid = copy / STUDENT_FILE                      # its first line, else the folder's name
-        sid = sid.read_text(errors="replace").strip().splitlines() if sid.is_file() else []
-        student = sid[0].strip() if sid else copy.name
-        mine = [{**r, "student": student, "copy": str(copy),
-                 "points": POINTS.get(r["number"], 0) if r["status"] == "passed" else 0}
-                for r in grade(copy, numbers, tests, timeout, jobs)]
-        rows += mine
-        partial = out.with_name(out.name + ".partial")
-        with open(partial, "w", encoding="utf-8", newline="") as f:
-            csv.writer(f, lineterminator="\n").writerows(
-                [["student", "copy", "exercise", "title", "status", "points", "detail"]] +
-                [[r["student"], r["copy"], r["number"], r["title"], r["status"],
-                  f"{r['points']:g}", r["detail"]] for r in rows])
-        os.replace(partial, out)
-        passed = [str(r["number"]) for r in mine if r["status"] == "passed"]
-        full = sum(POINTS.get(r["number"], 0) for r in mine)
-        print(f"{student}: {sum(r['points'] for r in mine):g} / {full:g} points, "
-              f"{len(passed)} of {len(mine)} passed ({' '.join(passed)}) in {copy}", flush=True)
-    print(f"wrote {out}: {len(copies)} copies against {tests}")
+    numbers = sorted(set(numbers or [e.number for e in list_exercises(ROOT)]))
+    list_exercises(ROOT, numbers, "grade")
+    spec = importlib.util.spec_from_file_location("exercise_cases", ROOT / CASES)
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    named = {e.number: e.title for e in list_exercises(ROOT)}
+    rows = [] if regrade or not out.is_file() else read_rows(out)
+    done = {c for c in {r["copy"] for r in rows}
+            if {int(r["exercise"]) for r in rows if r["copy"] == c} >= set(numbers)}
+    rows = [r for r in rows if r["copy"] in done and r["copy"] in map(str, copies)]
+    seed = np.random.SeedSequence(seed).entropy
+    rng = np.random.default_rng(seed)
+    judges = [judge_of(n, rng, cases) for n in numbers]
+    print(f"grading {len(copies) - len(done & set(map(str, copies)))} of {len(copies)} copies "
+          f"in {folder} (inputs: --seed {seed})", flush=True)
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        for copy_ in (c for c in copies if str(c) not in done):
+            student = student_of(copy_)
+            mine = [{"student": student, "copy": str(copy_), "exercise": j.number,
+                     "title": named[j.number], **dict(zip(("status", "detail"), verdict))}
+                    for j, verdict in zip(judges, pool.map(
+                        lambda j: verdict_of(j, run_child(copy_, j.job, timeout)), judges))]
+            for r in mine:
+                r["points"] = POINTS[r["exercise"]] if r["status"] == "passed" else 0
+            rows += mine
+            write_rows(out, rows)
+            passed = [str(r["exercise"]) for r in mine if r["status"] == "passed"]
+            print(f"{student}: {sum(r['points'] for r in mine):g} / "
+                  f"{sum(POINTS[n] for n in numbers):g} points, {len(passed)} of {len(mine)} "
+                  f"passed ({' '.join(passed)}) in {copy_}", flush=True)
+    write_rows(out, rows)             # last, after every child is gone
+    print(f"wrote {out}")
+    return rows
+
+
+COLUMNS = ["student", "copy", "exercise", "title", "status", "points", "detail"]
+
+
+def write_rows(out, rows):
+    partial = out.with_name(out.name + ".partial")
+    with open(partial, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, out)
+
+
+def read_rows(out):
+    with open(out, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(rows[0]) != set(COLUMNS):
+        raise ValueError(f"{out}: not a grades CSV of this grader; pass --regrade or --out")
     return rows

@@ -1,0 +1,91 @@
+"""The class grader's child (course.py): `python -I -S course_child.py SCRATCH NUMPY_DIR` calls
+one function of a student's copy on the inputs in SCRATCH/job.pkl and writes what it returned,
+and its inputs after the call, to SCRATCH/out.npz. Before the student's code is imported the
+child limits its CPU time, memory and file sizes, and on Linux gives up (Landlock) the right to
+read or write any file but the copy's, Python's, numpy's and the scratch folder's: nothing the
+code does can reach the teacher's files, another copy or the grades. It judges nothing."""
+import os
+import pickle
+import struct
+import sys
+import traceback
+
+if __name__ == "__main__":
+    sys.path.append(sys.argv[2])                 # numpy's folder (-S: no site-packages)
+import numpy as np                               # noqa: E402
+
+MEMORY = 2 << 30                                 # bytes of address space
+FILE_SIZE = 64 << 20                             # bytes in any one file written
+READ = 0b1101                                    # Landlock: execute, read files, read folders
+ALL = (1 << 13) - 1                              # Landlock ABI 1: every file-system right
+
+
+def flatten(x, key="", out=None):
+    """Nested dicts, tuples and lists of arrays as {"key/part": array}: what the grader compares.
+    A Generator is left out (its draws show in the outputs); anything else not numeric is
+    kept as its type's name."""
+    out = {} if out is None else out
+    if isinstance(x, dict):
+        for k, v in x.items():
+            flatten(v, f"{key}/{k}", out)
+    elif isinstance(x, (tuple, list)):
+        for i, v in enumerate(x):
+            flatten(v, f"{key}/{i}", out)
+    elif not isinstance(x, np.random.Generator):
+        a = np.asarray(x)
+        out[key] = np.array(f"a {type(x).__name__}") if a.dtype.hasobject else a
+    return out
+
+
+def landlock(readable, writable):
+    """From now on this process and every process it starts may read only under `readable` and
+    write only under `writable` (Linux >= 5.13; the syscalls are 444-446 on every architecture).
+    Returns False where the kernel has no Landlock."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ruleset = libc.syscall(444, struct.pack("=Q", ALL), 8, 0)     # landlock_create_ruleset
+    if ruleset < 0:
+        return False
+    for paths, rights in ((readable, READ), (writable, ALL)):
+        for path in paths:
+            fd = os.open(path, os.O_PATH)
+            libc.syscall(445, ruleset, 1, struct.pack("=Qi", rights, fd), 0)  # path beneath
+            os.close(fd)
+    libc.prctl(38, 1, 0, 0, 0)                   # PR_SET_NO_NEW_PRIVS, which Landlock needs
+    return libc.syscall(446, ruleset, 0) == 0    # landlock_restrict_self
+
+
+def where(error, copy):
+    """The last line of the traceback in the copy, as "minialign/layers.py:52", or ""."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if os.path.abspath(f.filename).startswith(copy + os.sep)]
+    return f" (at {os.path.relpath(frames[-1].filename, copy)}:{frames[-1].lineno})" if frames else ""
+
+
+def main(scratch):
+    with open(os.path.join(scratch, "job.pkl"), "rb") as f:
+        job = pickle.load(f)                     # {copy, module, function, cases, readable}
+    if sys.platform != "win32":
+        import resource
+        for limit, value in ((resource.RLIMIT_AS, MEMORY), (resource.RLIMIT_FSIZE, FILE_SIZE),
+                             (resource.RLIMIT_CPU, job["cpu_seconds"]),
+                             (resource.RLIMIT_NPROC, 0)):      # starts no process (not as root)
+            resource.setrlimit(limit, (value, value))
+    if sys.platform.startswith("linux"):
+        landlock([job["copy"], *job["readable"]], [scratch])
+    sys.path.insert(0, job["copy"])
+    results = {}
+    try:
+        function = getattr(__import__(job["module"], fromlist=["_"]), job["function"])
+        for i, args in enumerate(job["cases"]):
+            flatten(function(*args), f"{i}/out", results)
+            flatten(args, f"{i}/args", results)
+    except BaseException as e:                   # noqa: BLE001 (the grader says what it was)
+        message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        results = {"error": np.array(message + where(e, job["copy"]))}
+    np.savez(os.path.join(scratch, "out.npz"), **results)
+    os._exit(0)                                  # no atexit handler of the student's runs
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
