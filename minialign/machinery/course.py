@@ -333,7 +333,7 @@ def run_child(folder, job, timeout):
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         (scratch / "job.pkl").write_bytes(pickle.dumps(
-            {**job, "copy": str(folder), "cpu_seconds": int(timeout), "readable": READABLE}))
+            {**job, "copy": str(folder), "cpu_seconds": int(timeout) + 1, "readable": READABLE}))
         with open(scratch / "output.txt", "wb") as output:
             child = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), str(scratch),
                                       NUMPY], cwd=scratch, stdin=subprocess.DEVNULL,
@@ -443,7 +443,9 @@ def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, regr
     rng = np.random.default_rng(seed)
     judges = [judge_of(n, rng, cases) for n in numbers]
     print(f"grading {len(copies) - len(done & set(map(str, copies)))} of {len(copies)} copies "
-          f"in {folder} (inputs: --seed {seed})", flush=True)
+          f"in {folder} (inputs: --seed {seed}; " + ("each in a child that reaches no other file)"
+          if course_child.landlock_abi() else "NOT confined: this system has no Landlock, see "
+          "docs/course.md)"), flush=True)
     with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
         for copy_ in (c for c in copies if str(c) not in done):
             student = student_of(copy_)

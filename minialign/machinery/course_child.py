@@ -37,6 +37,14 @@ def flatten(x, key="", out=None):
     return out
 
 
+def landlock_abi():
+    """The kernel's Landlock version: 0 where it has none (not Linux, or before 5.13)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    import ctypes
+    return max(0, ctypes.CDLL(None).syscall(444, None, 0, 1))    # ..._CREATE_RULESET_VERSION
+
+
 def landlock(readable, writable):
     """From now on this process and every process it starts may read only under `readable` and
     write only under `writable` (Linux >= 5.13; the syscalls are 444-446 on every architecture).

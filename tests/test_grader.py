@@ -1,0 +1,122 @@
+"""The class grader (course.grade_class): every copy gets a row per exercise whatever it holds,
+and nothing a copy's code does reaches a verdict, another copy, the teacher's files or the CSV.
+"""
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minialign.machinery import course, course_child
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = list(range(1, 15))
+pytestmark = pytest.mark.skipif(not (ROOT / course.FAST).is_file(),
+                                reason="a student copy holds no solutions to grade against")
+confined = pytest.mark.skipif(not sys.platform.startswith("linux") or not course_child.landlock_abi(),
+                              reason="only Linux' Landlock keeps a child from the teacher's files")
+
+
+def copy_with(folder, name, edits=(), student=None, solved=ALL):
+    """A solved copy in folder/name, each (module, old, new) of edits applied (old "" puts
+    new at the top of the module; new None deletes it)."""
+    out = folder / name
+    course.write_copy(out, solved=solved, student=student)
+    for module, old, new in edits:
+        path = out / "minialign" / module
+        if new is None:
+            path.unlink()
+        elif old:
+            text = path.read_text()
+            assert text.count(old) == 1, (module, old)
+            path.write_text(text.replace(old, new))
+        else:
+            path.write_bytes(new.encode() + path.read_bytes() if isinstance(new, str) else new
+                             + path.read_bytes())
+    return out
+
+
+def statuses(rows):
+    return {(r["student"], int(r["exercise"])): (r["status"], r["detail"]) for r in rows}
+
+
+def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, capsys):
+    edits = {"exit": [("layers.py", "", "import sys\nsys.exit(3)\n")],
+             "hang": [("metrics.py", "", "while True:\n    pass\n")],
+             "latin1": [("losses.py", "", b'CAFE = "caf\xe9"\n')],
+             "missing": [("metrics.py", None, None)],
+             "marker": [("optim.py", "    # --- exercise 9: AdamW step ---\n", "")],
+             "shouts": [("objectives.py", "", "print('x' * (100 << 20))\n")],
+             "killed": [("layers.py", "", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")]}
+    for name, e in edits.items():
+        copy_with(tmp_path, name, e, student=name)
+    copy_with(tmp_path, "good")
+    (tmp_path / "good" / course.STUDENT_FILE).write_bytes(b"\xff\xfeada\n")
+    rows = course.grade_class(tmp_path, timeout=5)
+    with open(tmp_path / "grades.csv", newline="") as f:
+        assert [len(r) for r in csv.reader(f)] == [7] * (1 + 8 * 14)
+    s = statuses(rows)
+    assert {s[("\ufffd\ufffdada", n)][0] for n in ALL} == {"passed"}
+    assert s[("exit", 1)] == ("error", "SystemExit: 3 (at minialign/layers.py:2)")
+    assert s[("hang", 12)] == ("error", "timed out after 5 s") and s[("hang", 1)][0] == "passed"
+    assert s[("latin1", 6)][0] == "error" and "losses.py" in s[("latin1", 6)][1]
+    assert s[("missing", 13)] == ("error", "minialign/metrics.py is missing")
+    assert s[("marker", 9)][0] == "passed"
+    assert s[("shouts", 10)][0] == "error" and "File too large" in s[("shouts", 10)][1]
+    assert s[("killed", 2)][0] == "error" and "SIGKILL" in s[("killed", 2)][1]
+    printed = capsys.readouterr().out
+    assert printed.count(" / 35 points") == 8
+    before = (tmp_path / "grades.csv").read_bytes()          # a rerun grades nothing again
+    assert course.grade_class(tmp_path, timeout=5) == course.read_rows(tmp_path / "grades.csv")
+    assert (tmp_path / "grades.csv").read_bytes() == before
+
+
+@confined
+def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(tmp_path):
+    csv_path, other = tmp_path / "grades.csv", tmp_path / "victim" / "minialign" / "layers.py"
+    edits = {
+        "reads_solutions": [("layers.py", "    x, w = cache\n", f"    exec(open({str(ROOT / 'minialign' / 'layers.py')!r}).read())\n    x, w = cache\n")],
+        "writes_tests": [("metrics.py", "", f"open({str(ROOT / course.CASES)!r}, 'a').write('x')\n")],
+        "writes_csv": [("losses.py", "", f"open({str(csv_path)!r}, 'w').write('x')\n")],
+        "breaks_other": [("optim.py", "", f"open({str(other)!r}, 'w').write('x')\n")],
+        "late_writer": [("objectives.py", "", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                         f"    time.sleep(2)\n    open({str(csv_path)!r}, 'w').write('x')\n")],
+        "patches_numpy": [("metrics.py", "", "import numpy\nnumpy.allclose = numpy.array_equal = "
+                           "lambda *a, **k: True\n")]}
+    for name, e in edits.items():
+        copy_with(tmp_path, name, e, student=name, solved=[] if name == "patches_numpy" else ALL)
+    copy_with(tmp_path, "victim")
+    before = (ROOT / course.CASES).read_bytes()
+    s = statuses(course.grade_class(tmp_path))
+    time.sleep(3)                                            # the late writer's moment
+    assert (ROOT / course.CASES).read_bytes() == before
+    assert {s[(name, n)][0] for name in ("victim", "late_writer") for n in ALL} == {"passed"}
+    assert course.read_rows(csv_path) and not csv_path.read_text().startswith("x")
+    for student, n in [("reads_solutions", 1), ("writes_tests", 12), ("writes_csv", 6),
+                       ("breaks_other", 9)]:
+        assert s[(student, n)][0] == "error" and "PermissionError" in s[(student, n)][1], s[(student, n)]
+    assert {s[("patches_numpy", n)][0] for n in ALL} == {"not started"}
+
+
+def test_verdicts_compare_dtype_values_ties_and_inputs_after_the_call():
+    """differs: what a wrong output looks like to the grader, on small arrays."""
+    f32, f64 = np.ones(3, np.float32), np.ones(3)
+    assert course.differs(f32, f64, 1e-8) == "dtype float32, expected float64"
+    assert course.differs(np.float32(1), np.float64(1), 1e-8) is None          # 0-d: value only
+    assert course.differs(np.array([1.0, 2.0]), np.array([1.0, 2.0 + 4e-8]), 1e-8) is not None
+    assert course.differs(np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-8]), 1e-8) is None
+    assert course.differs(np.array([1, 2]), np.array([1.0, 2.0]), 1e-8) == \
+        "dtype int64, expected float64"
+    assert course.differs(np.array([np.inf]), np.array([1.0]), 1.0) is not None
+    assert course.differs(np.array([3]), np.array([3 + 1]), np.inf) is not None  # integers exact
+    assert course.differs(np.zeros((2, 3)), np.zeros((3, 2)), 1) == "shape (2, 3), expected (3, 2)"
+
+
+def test_flatten_keeps_every_array_of_nested_outputs():
+    out = course_child.flatten(({"a": np.zeros(2), "t": 3}, [np.ones(1)], None,
+                                np.random.default_rng(0)), "0/out")
+    assert sorted(out) == ["0/out/0/a", "0/out/0/t", "0/out/1/0", "0/out/2"]
+    assert out["0/out/2"].dtype.kind == "U" and out["0/out/0/t"] == 3
