@@ -10,8 +10,6 @@ import os
 import signal
 import sys
 
-DEFAULT_VOCAB = "coco/bert-base-uncased-vocab.txt"   # where `make data` puts BERT's vocabulary
-
 
 def at_least(low, kind=int, below=None):
     def parse(text):
@@ -19,7 +17,7 @@ def at_least(low, kind=int, below=None):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value >= low or value != value:
+        if not value >= low:                           # nan too
             raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
         if below is not None and value >= below:
             raise argparse.ArgumentTypeError(f"{text} must be in [{low:g}, {below:g})")
@@ -33,11 +31,6 @@ def keep_freed_memory():
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-4, 0)                                # M_MMAP_MAX: no mmap per array
         libc.mallopt(-1, 2**30)                            # M_TRIM_THRESHOLD: keep 1 GB
-
-
-def cores():
-    from .runs import cores
-    return cores()
 
 
 def config_fields():
@@ -71,7 +64,7 @@ def config_from_args(args, **fixed):
     fields = config_fields()
     given = {**{k: v for k, v in vars(args).items() if k in fields}, **fixed}
     if given.get("tokenizer") == "wordpiece" and not given.get("vocab"):
-        given["vocab"] = DEFAULT_VOCAB
+        given["vocab"] = "coco/bert-base-uncased-vocab.txt"    # where `make data` puts it
     if given.get("d_model", 256) % given.get("n_heads", 4):
         raise ValueError(f"--d-model {given['d_model']} is not divisible by --n-heads "
                          f"{given['n_heads']}")
@@ -81,6 +74,7 @@ def config_from_args(args, **fixed):
 
 
 def cmd_train(p):
+    from .runs import cores
     from .variants import OBJECTIVES        # the three, and the named variants
     p.add_argument("--objective", choices=list(OBJECTIVES), default="good_views")
     p.add_argument("--captions", required=True, help="a COCO captions JSON file")
@@ -209,8 +203,8 @@ def cmd_replicate(p, sweep=False):
         p.add_argument("--center", nargs=2, type=at_least(1), default=grid.CENTER,
                        metavar=("D", "L"))
     else:
-        for flag, lr, text in (("--lr-min", 1e-4, "1e-4"), ("--lr-max", 1e-2, "1e-2")):
-            p.add_argument(flag, type=at_least(0.0, float), default=lr, help=f"(default: {text})")
+        p.add_argument("--lr-min", type=at_least(0.0, float), default=1e-4, help="(default: 1e-4)")
+        p.add_argument("--lr-max", type=at_least(0.0, float), default=1e-2, help="(default: 1e-2)")
         p.add_argument("--lr-per-decade", type=at_least(0), default=2, help="0: no lr search")
     p.add_argument("--jobs", type=at_least(1), help="runs at once (default: one per core)")
     p.add_argument("--dry-run", action="store_true", help="say how long it takes, write nothing")
@@ -313,8 +307,8 @@ def main(argv=None):
         return 2
     except KeyboardInterrupt as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second signal: no traceback
-        how = "terminated" if isinstance(stop, Terminated) else "interrupted"
+        how, code = ("terminated", 143) if isinstance(stop, Terminated) else ("interrupted", 130)
         again = "with --resume" if args.command == "train" else "the same command"
         print(f"minialign {args.command}: {how}; rerun {again} to continue from the last "
               f"checkpoint", file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
+        return code
