@@ -82,7 +82,8 @@ def test_lr_search_ties_missing_runs_and_diverged_runs():
 
 def test_grid_lrs_run_names_and_sizes():
     p = grid.Protocol()
-    assert [grid.grid_lr(p, k) for k in range(-2, 7)] == [
+    low, high = grid.lr_search(p, lambda lr: -lr), grid.lr_search(p, lambda lr: lr)
+    assert low["lrs"] + high["lrs"][-2:] == [                       # k = -2 .. 6, integer k
         1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2, 3.16e-2, 0.1]
     assert grid.run_name(p, grid.run_config(p, "bad_views", 2, 3.16e-4)) == \
         "bad_views-lr3.16e-04-seed2"
@@ -209,7 +210,7 @@ def test_run_seconds_by_hand():
 
 def test_eta_times_each_objective_and_writes_nothing(captions, tmp_path, capsys):
     p, out = tiny_protocol(captions, objectives=("good_views", "next_token")), tmp_path / "out"
-    found = grid.estimate(p, out, jobs=2)
+    found = grid.estimate(p, out, 2, grid.planned(p))
     assert not out.exists()
     assert found["left"] == 4
     assert 0 < found["seconds"] < found["seconds_max"]          # an extension may come on top

@@ -4,7 +4,6 @@ other settings is refused), OUT/runs/NAME/, OUT/logs/NAME.log (when several run 
 import contextlib
 import ctypes
 import dataclasses
-import heapq
 import io
 import json
 import math
@@ -120,18 +119,13 @@ def load_protocol(out):
         raise ValueError(f"{path}: not a protocol of this minialign ({err})") from None
 
 
-def grid_lr(protocol, k):
-    """lr_min * 10^(k / lr_per_decade) to 3 digits (1e-3, 3.16e-3), from the integer k."""
-    return float(f"{protocol.lr_min * 10 ** (k / protocol.lr_per_decade):.3g}")
-
-
 def lr_search(protocol, score_of):
     """score_of(lr): higher better, -inf diverged, None not done. Returns {"lrs", "scores",
     "missing", "chosen" (None while any is missing), "interior"}; an edge best extends it."""
     n = round(math.log10(protocol.lr_max / protocol.lr_min) * protocol.lr_per_decade) + 1
-    ks = list(range(n))                                           # the first grid
-    while True:
-        lrs = [grid_lr(protocol, k) for k in ks]
+    ks = list(range(n))                     # the first grid; lr_min * 10^(k / per decade) ...
+    while True:                             # ... to 3 digits, from the integer k: no drift
+        lrs = [float(f"{protocol.lr_min * 10 ** (k / protocol.lr_per_decade):.3g}") for k in ks]
         scores = [score_of(lr) for lr in lrs]
         missing = [lr for lr, s in zip(lrs, scores) if s is None]
         best = None if missing else int(np.argmax(scores))        # ties: the lower lr
@@ -205,7 +199,7 @@ def makespan(durations, slots):
     """Seconds until `durations` are done on `slots` slots, each in turn on the first free."""
     free = [0.0] * slots
     for d in durations:
-        heapq.heappush(free, heapq.heappop(free) + d)
+        free[free.index(min(free))] += d
     return max(free)
 
 
@@ -248,13 +242,10 @@ def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
           f"parameters{' at the first size' * bool(protocol.sizes)}, {protocol.base.tokenizer} "
           f"vocabulary of {info['vocab_size']}", flush=True)
     if dry_run:
-        return estimate(protocol, out, jobs)
-    memo = {}
-    score = lambda run_dir: selection_score(run_dir, emb, memo)
+        return estimate(protocol, out, jobs, plan)
     with runs.lock(out):
         save_protocol(out, protocol, embeddings)
-        ended = run_grid(protocol, out, jobs, score, tag)
-    searches = wanted_runs(protocol, out, score)[1]
+        ended, searches = run_grid(protocol, out, jobs, tag, emb)
     for obj, s in searches.items():
         print(f"{tag} lr search {obj}: chosen {s['chosen']:.2e} "
               f"({'interior' if s['interior'] else 'ON THE EDGE'}) of "
@@ -288,67 +279,49 @@ def save_protocol(out, protocol, embeddings=None):
     (out / "logs").mkdir(exist_ok=True)
 
 
-def run_grid(protocol, out, jobs, score, tag):
-    """Start wanted runs while a slot is free; a failed run (OSError) stops the others."""
-    running, ended = {}, {}                 # {name: (process, log, start time)}, {name: state}
+def run_grid(protocol, out, jobs, tag, emb):
+    """Start wanted runs while a slot is free; a failed run (OSError) stops the others. Each line
+    ends with the count done and an ETA: a run left takes its group's (else all) finished runs'
+    mean. Returns ({name: state}, {objective: lr_search}); emb: selection_score's."""
+    running, ended, memo = {}, {}, {}       # {name: (process, start time)}, {name: state}
+    log_of = lambda name: out / "logs" / f"{name}.log" if jobs > 1 else None   # None: ours
+
+    def say(text):                          # wanted: the loop's, as it is when called
+        text += f" | {len(ended)}/{len(wanted)} runs done"
+        if walls := {n: runs.read_metrics(out / "runs" / n)["wall_seconds"]
+                     for n, how in ended.items() if how == "finished"}:
+            took = lambda n: np.mean([w for m, w in walls.items() if group(m) == group(n)] or
+                                     list(walls.values()))
+            left = [max(0.0, took(n) - (time.time() - t)) for n, (_, t) in running.items()]
+            left += [took(n) for n in wanted if n not in ended and n not in running]
+            text += f", ETA {hours(makespan(left, jobs))}"
+        print(f"{tag} {text}", flush=True)
     try:
         while True:
-            wanted = wanted_runs(protocol, out, score)[0]
+            wanted, searches = wanted_runs(protocol, out, lambda d: selection_score(d, emb, memo))
             for name in [n for n in wanted if n not in ended and n not in running]:
                 if found := state(out / "runs" / name):         # a run of an earlier session
                     ended[name] = found
                     print(f"{tag} {name}: {found} earlier, skipped", flush=True)
                 elif len(running) < jobs:
-                    log = open(out / "logs" / f"{name}.log", "ab") if jobs > 1 else None
-                    print(f"{tag} start {name}{f', output in {log.name}' if log else ''} | "
-                          f"{eta_line(out, wanted, running, ended, jobs)}", flush=True)
-                    running[name] = (start(wanted[name], out / "runs" / name, log), log,
-                                     time.time())
+                    say(f"start {name}{f', output in {log_of(name)}' if jobs > 1 else ''}")
+                    with open(log_of(name), "ab") if jobs > 1 else contextlib.nullcontext() as log:
+                        running[name] = (start(wanted[name], out / "runs" / name, log), time.time())
             if not running:
-                return ended
-            while all(process.poll() is None for process, _, _ in running.values()):
+                return ended, searches
+            while all(process.poll() is None for process, _ in running.values()):
                 time.sleep(0.2)
-            for name in [n for n, (p, _, _) in running.items() if p.poll() is not None]:
-                process, log, _ = running.pop(name)
-                code = process.poll()
-                log and log.close()
-                if code not in (0, EXIT_DIVERGED):
+            for name in [n for n, (p, _) in running.items() if p.poll() is not None]:
+                if (code := running.pop(name)[0].poll()) not in (0, EXIT_DIVERGED):
                     raise OSError(f"{name}: its run's process failed (exit code {code}); its "
-                                  f"output: {log.name if log else 'above'}")
+                                  f"output: {log_of(name) or 'above'}")
                 ended[name] = "diverged" if code == EXIT_DIVERGED else "finished"
-                print(f"{tag} {ended[name]}: {name} | "
-                      f"{eta_line(out, wanted, running, ended, jobs)}", flush=True)
+                say(f"{ended[name]}: {name}")
     finally:
-        for process, _, _ in running.values():
+        for process, _ in running.values():
             process.terminate()                     # SIGTERM: the run stops cleanly
-        for process, log, _ in running.values():
-            process.wait(), log and log.close()
-
-
-def eta_line(out, wanted, running, ended, jobs):
-    """'k/n runs done, ETA ...': a run left takes its group's (else all) finished runs' mean."""
-    done = f"{len(ended)}/{len(wanted)} runs done"
-    walls = {n: runs.read_metrics(out / "runs" / n)["wall_seconds"]
-             for n, how in ended.items() if how == "finished"}
-    if not walls:
-        return done
-    took = lambda n: np.mean([w for m, w in walls.items() if group(m) == group(n)] or
-                             list(walls.values()))
-    left = [max(0.0, took(n) - (time.time() - t)) for n, (_, _, t) in running.items()]
-    left += [took(n) for n in wanted if n not in ended and n not in running]
-    return f"{done}, ETA {hours(makespan(left, jobs))}"
-
-
-def time_run(cfg, steps=3):
-    """1 + steps steps of cfg, quietly: {"step_s" (median), "fixed_s", "val_share"}."""
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-        t0 = time.perf_counter()
-        train(dataclasses.replace(cfg, eval_every=10**9), tmp, progress=False, stop_after=1 + steps)
-        wall = time.perf_counter() - t0
-        seconds = [json.loads(line)["seconds"] for line in open(Path(tmp) / "log.jsonl")]
-        photos = runs.read_json(Path(tmp) / "config.json")["info"]["photos"]
-    return {"step_s": float(np.median(seconds[1:])), "fixed_s": wall - sum(seconds),
-            "val_share": photos["val"] / sum(photos.values())}
+        for process, _ in running.values():
+            process.wait()
 
 
 def run_seconds(cfg, timed):
@@ -357,16 +330,23 @@ def run_seconds(cfg, timed):
     return timed["fixed_s"] * (2 + val_evals * timed["val_share"]) + cfg.steps * timed["step_s"]
 
 
-def estimate(protocol, out, jobs):
-    """--dry-run: time each group here; print how long the runs left take. Writes nothing."""
-    plan = planned(protocol)
-    left = [n for n in plan if not state(Path(out) / "runs" / n)]
+def estimate(protocol, out, jobs, plan):
+    """--dry-run: time 1 + 3 steps of each group here, quietly (the median step, the rest of the
+    wall time, the val photos' share); print how long the runs left take. Writes nothing."""
+    left = [n for n in plan if not state(out / "runs" / n)]
     first = list(plan)[:len(protocol.objectives)]             # one run of each objective
     groups = {group(n): plan[n] for n in first + left}
     print(f"[eta] timing a few steps of {len(groups)} objective(s)/size(s) ...", flush=True)
     timed = {}
     for g, cfg in groups.items():
-        timed[g] = time_run(cfg)
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+            t0 = time.perf_counter()
+            train(dataclasses.replace(cfg, eval_every=10**9), tmp, progress=False, stop_after=1 + 3)
+            wall = time.perf_counter() - t0
+            seconds = [json.loads(line)["seconds"] for line in open(Path(tmp) / "log.jsonl")]
+            photos = runs.read_json(Path(tmp) / "config.json")["info"]["photos"]
+        timed[g] = {"step_s": float(np.median(seconds[1:])), "fixed_s": wall - sum(seconds),
+                    "val_share": photos["val"] / sum(photos.values())}
         print(f"[eta] {g}: {1000 * timed[g]['step_s']:.0f} ms/step, one run "
               f"{hours(run_seconds(cfg, timed[g]))}", flush=True)
     took = lambda names: [run_seconds(plan[n], timed[group(n)]) for n in names]
