@@ -44,10 +44,6 @@ class DownloadError(ConnectionError):
     """A download that failed every try, or that a retry cannot fix: one line, the URL first."""
 
 
-class _Retry(Exception):
-    """One try failed in a way worth trying again; the message says how."""
-
-
 def refuse_http(url, allow_http, flag=""):
     """ValueError if url is plain http:// and not allow_http."""
     if url.lower().startswith("http://") and not allow_http:
@@ -56,13 +52,10 @@ def refuse_http(url, allow_http, flag=""):
 
 
 class _HttpsOnly(urllib.request.HTTPRedirectHandler):
-    """urllib's redirects, each hop checked (urllib follows https:// -> http:// silently)."""
-
-    def __init__(self, allow_http):
-        self.allow_http = allow_http
+    """Redirects to anything but https:// refused (urllib would follow one to http:// silently)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if not (newurl.lower().startswith("https://") or self.allow_http):
+        if not newurl.lower().startswith("https://"):
             fp.close()
             raise ValueError(f"{req.full_url}: redirected ({code}) to {newurl}: {PLAIN_HTTP}; "
                              f"pass --allow-http to follow it")
@@ -81,17 +74,16 @@ def download(url, dest, sha256=None, check=None, allow_http=False, retries=4, ba
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
-        try:
-            _get(url, part, allow_http, timeout, progress)
+        err = _get(url, part, allow_http, timeout, progress)
+        if err is None:
             break
-        except _Retry as err:
-            if attempt == retries:
-                have = part.stat().st_size if part.is_file() else 0
-                raise DownloadError(f"{url}: cannot download ({err}) after {retries + 1} tries; "
-                                    f"{have} bytes kept in {part}, rerun to resume") from None
-            wait = backoff * 2 ** attempt
-            print(f"{url}: {err}; retry {attempt + 1}/{retries} in {wait:.1f} s", file=sys.stderr)
-            time.sleep(wait)
+        if attempt == retries:
+            have = part.stat().st_size if part.is_file() else 0
+            raise DownloadError(f"{url}: cannot download ({err}) after {retries + 1} tries; "
+                                f"{have} bytes kept in {part}, rerun to resume")
+        wait = backoff * 2 ** attempt
+        print(f"{url}: {err}; retry {attempt + 1}/{retries} in {wait:.1f} s", file=sys.stderr)
+        time.sleep(wait)
     found = sha256_file(part) if sha256 else None
     problem = (f"sha256 {found}, expected {sha256} (a damaged download or another file)"
                if found != sha256 else check(part) if check else None)
@@ -105,30 +97,31 @@ def download(url, dest, sha256=None, check=None, allow_http=False, retries=4, ba
 
 
 def _get(url, part, allow_http, timeout, progress):
-    """One GET appending to part (from its end, "Range: bytes=N-") and fsyncing it."""
+    """One GET appending to part (from its end, "Range: bytes=N-") and fsyncing it. Returns
+    None, or why it failed in a way worth trying again (a cut, a timeout, HTTP 5xx or 429)."""
     have = part.stat().st_size if part.is_file() else 0
     headers = {"User-Agent": "minialign/1", **({"Range": f"bytes={have}-"} if have else {})}
-    opener = urllib.request.build_opener(_HttpsOnly(allow_http))
+    opener = urllib.request.build_opener(*[] if allow_http else [_HttpsOnly])
     try:
         response = opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as err:
         err.close()
         if err.code == 416 and have:          # part is whole (or longer: the sha256 refuses it)
-            return
+            return None
         if err.code >= 500 or err.code == 429:
-            raise _Retry(f"HTTP {err.code} {err.reason}") from None
+            return f"HTTP {err.code} {err.reason}"
         raise DownloadError(f"{url}: HTTP {err.code} {err.reason}; check the URL") from None
     except (OSError, http.client.HTTPException) as err:
         reason = getattr(err, "reason", err)
         if isinstance(reason, ssl.SSLCertVerificationError):
             raise DownloadError(f"{url}: the server's TLS certificate does not verify "
                                 f"({reason.verify_message})") from None
-        raise _Retry(str(reason) or type(reason).__name__) from None
+        return str(reason) or type(reason).__name__
     with response:
         if response.status == 206 and not response.headers.get(
                 "Content-Range", "").startswith(f"bytes {have}-"):
             part.unlink()
-            raise _Retry("the server resumed at another byte")
+            return "the server resumed at another byte"
         have = have if response.status == 206 else 0      # a 200 is the whole file
         length = response.headers.get("Content-Length", "")
         total = have + int(length) if length.isdigit() else None
@@ -139,7 +132,7 @@ def _get(url, part, allow_http, timeout, progress):
                 try:
                     chunk = response.read(CHUNK)
                 except (OSError, http.client.HTTPException) as err:
-                    raise _Retry(str(err) or type(err).__name__) from None
+                    return str(err) or type(err).__name__
                 if not chunk:
                     break
                 f.write(chunk)
@@ -147,25 +140,8 @@ def _get(url, part, allow_http, timeout, progress):
             f.flush()
             os.fsync(f.fileno())
         if total is not None and part.stat().st_size < total:
-            raise _Retry(f"transfer cut short at {part.stat().st_size} of {total} bytes")
-
-
-def get_annotations(root, url=ANNOTATIONS_URL, allow_http=False, progress=False):
-    """{"train", "val"}: the two captions files, extracted from the checked zip (then deleted)."""
-    folder = Path(root) / "annotations"
-    paths = {split: folder / Path(member).name for split, member in MEMBERS.items()}
-    if all(p.is_file() for p in paths.values()):
-        print(f"{folder}: captions present, skipped", flush=True)
-        return paths
-    zip_path = download(url, Path(root) / ANNOTATIONS_ZIP, sha256=ANNOTATIONS_SHA256,
-                        allow_http=allow_http, progress=progress)
-    with zipfile.ZipFile(zip_path) as zf:
-        for split, path in paths.items():
-            atomic_write(path, zf.read(MEMBERS[split]))
-    zip_path.unlink()
-    print(f"{folder}: captions extracted from {zip_path} (sha256 checked), zip deleted",
-          flush=True)
-    return paths
+            return f"transfer cut short at {part.stat().st_size} of {total} bytes"
+    return None
 
 
 def choose_subset(captions, num_photos, seed):
@@ -186,21 +162,19 @@ def choose_subset(captions, num_photos, seed):
     order = np.random.default_rng(seed).permutation(len(photos))[:num_photos]  # (num_photos,)
     images = [photos[i] for i in np.sort(order)]
     chosen = {image["id"] for image in images}
-    info = dict(coco.get("info") or {})
-    info["minialign_subset"] = {"num_photos": num_photos, "seed": seed,
-                                "eligible_photos": len(photos), "rule": SUBSET_RULE, "format": 1,
-                                "source_file": Path(captions).name,
-                                "source_sha256": sha256_file(captions)}
+    info = {**(coco.get("info") or {}), "minialign_subset": {
+        "num_photos": num_photos, "seed": seed, "eligible_photos": len(photos), "rule": SUBSET_RULE,
+        "format": 1, "source_file": Path(captions).name, "source_sha256": sha256_file(captions)}}
     return {"info": info, "licenses": coco.get("licenses", []), "images": images,
             "annotations": [a for a in coco["annotations"] if a["image_id"] in chosen]}
 
 
-def fetch_photos(subset, out_dir, workers=8, images_url=IMAGES_URL, allow_http=False,
-                 progress=False):
+def fetch_photos(subset, out_dir, workers, images_url, allow_http, progress):
     """The subset file's photos into out_dir, `workers` at a time, each checked by its header's
-    width x height (before decoding, Pillow's bomb guard on) and a full decode. Returns (fetched,
-    present); OSError naming the ids that failed, once the others are done."""
+    width x height (before decoding, Pillow's bomb guard on) and a full decode, then a line of
+    counts; OSError naming the ids that failed, once the others are done."""
     records = read_json(subset)["images"]
+    missing = [r for r in records if not (Path(out_dir) / r["file_name"]).is_file()]
 
     def check(path, width, height):
         try:
@@ -211,30 +185,27 @@ def fetch_photos(subset, out_dir, workers=8, images_url=IMAGES_URL, allow_http=F
         except Exception as err:               # Pillow raises many types on bad bytes
             return f"not a readable image ({type(err).__name__}: {err})"
 
-    def one(r):
-        path = Path(out_dir) / r["file_name"]
-        if path.is_file():
-            return "present"
+    def one(r):                                 # None, or why r could not be fetched
         try:
-            download(f"{images_url.rstrip('/')}/train2017/{r['file_name']}", path,
-                     check=lambda p: check(p, r["width"], r["height"]),
-                     allow_http=allow_http)
+            download(f"{images_url.rstrip('/')}/train2017/{r['file_name']}",
+                     Path(out_dir) / r["file_name"], allow_http=allow_http,
+                     check=lambda p: check(p, r["width"], r["height"]))
         except (OSError, ValueError) as err:
             return f"photo {r['id']}: {err}"
-        return "fetched"
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        done = list(tqdm(pool.map(one, records), total=len(records), unit="photo",
-                         desc="photos", disable=not progress))
+        done = list(tqdm(pool.map(one, missing), total=len(records), unit="photo", desc="photos",
+                         initial=len(records) - len(missing), disable=not progress))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)     # Ctrl-C: start no new download
-    failed = {r["id"]: why for r, why in zip(records, done) if why not in ("fetched", "present")}
+    failed = {r["id"]: why for r, why in zip(missing, done) if why}
     if failed:
         ids = sorted(failed)
         raise OSError(f"{out_dir}: {len(ids)} photos could not be fetched: ids {ids[:10]}"
                       f"{' ...' if len(ids) > 10 else ''} ({failed[ids[0]]}); rerun "
                       f"`make data` to retry")
-    return done.count("fetched"), done.count("present")
+    print(f"{out_dir}: {len(missing)} photos fetched, {len(records) - len(missing)} already "
+          f"present", flush=True)
 
 
 def run_data(root="coco", num_photos=10000, seed=0, images=True, workers=8,
@@ -251,7 +222,19 @@ def run_data(root="coco", num_photos=10000, seed=0, images=True, workers=8,
         print("--allow-http: plain http:// URLs and redirects to them are followed (the zip and "
               "the vocabulary are still checked by sha256, each photo by its size)", flush=True)
     with lock(root):
-        paths = get_annotations(root, annotations_url, allow_http, progress)
+        paths = {split: root / member for split, member in MEMBERS.items()}   # root/annotations/
+        if all(p.is_file() for p in paths.values()):
+            print(f"{root / 'annotations'}: captions present, skipped", flush=True)
+        else:
+            zip_path = download(annotations_url, root / ANNOTATIONS_ZIP,
+                                sha256=ANNOTATIONS_SHA256, allow_http=allow_http,
+                                progress=progress)
+            with zipfile.ZipFile(zip_path) as zf:
+                for split, path in paths.items():
+                    atomic_write(path, zf.read(MEMBERS[split]))
+            zip_path.unlink()
+            print(f"{root / 'annotations'}: captions extracted from {zip_path} (sha256 checked), "
+                  f"zip deleted", flush=True)
         subset = root / f"captions_train2017_subset{num_photos}_seed{seed}.json"
         if subset.is_file() and not force:
             print(f"{subset}: present, skipped (--force writes it again)", flush=True)
@@ -261,14 +244,11 @@ def run_data(root="coco", num_photos=10000, seed=0, images=True, workers=8,
             print(f"{subset}: wrote {num_photos} of "
                   f"{chosen['info']['minialign_subset']['eligible_photos']} eligible photos "
                   f"(seed {seed})", flush=True)
-        made = [paths["train"], paths["val"], subset,
-                download(vocab_url, root / VOCAB_NAME, sha256=VOCAB_SHA256,
-                         allow_http=allow_http, progress=progress)]
+        vocab = download(vocab_url, root / VOCAB_NAME, sha256=VOCAB_SHA256, allow_http=allow_http,
+                         progress=progress)
+        made = [*paths.values(), subset, vocab]
         if images:
-            fetched, present = fetch_photos(subset, root / "train2017", workers, images_url,
-                                            allow_http, progress)
-            print(f"{root / 'train2017'}: {fetched} photos fetched, {present} already present",
-                  flush=True)
+            fetch_photos(subset, root / "train2017", workers, images_url, allow_http, progress)
             made.append(root / "train2017")
     print("ready: " + ", ".join(str(p) for p in made))
     print("next: `make embeddings` (the DINOv2 embeddings of the subset's photos, once), then "

@@ -205,11 +205,10 @@ def run_evaluate(runs, embeddings=None):
         scores = score_run(run_dir, emb, memo=memo)
         config = read_json(Path(run_dir) / "config.json").get("config", {})
         split = "test" if "test" in scores else "val"
-        s = scores[split]
         rows.append({"run": str(run_dir), "objective": config.get("objective", "?"),
                      "seed": config.get("seed", "?"), "step": scores["step"], "split": split,
-                     **{k: v for k, v in s.items() if k != "chance"},
-                     **{f"{k}_chance": v for k, v in s["chance"].items()}})
+                     **{k: v for k, v in scores[split].items() if k != "chance"},
+                     **{f"{k}_chance": v for k, v in scores[split]["chance"].items()}})
     columns = ["run", "objective", "seed", "step", "split"] + (
         ["paraphrase_R@1", "paraphrase_R@1_chance", "std", "effective_rank"] if emb is None else
         ["mutual_knn", "mutual_knn_chance", "R@1", "R@1_chance", "paraphrase_R@1",

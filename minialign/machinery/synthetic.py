@@ -66,14 +66,12 @@ SIZES = {"small": ["small", "little", "tiny"], "big": ["large", "big", "huge"]}
 POSITIONS = {"left": ["on the left", "to the left"], "right": ["on the right", "to the right"],
              "middle": ["in the middle", "in the centre"], "back": ["in the background",
              "at the back"], "front": ["in the foreground", "up front"]}
-SETTINGS = {s.split(":")[0]: s.split(":")[1].split(",") for s in (
-    "kitchen:kitchen,galley|street:street,road,avenue|beach:beach,shore,seaside|park:park,lawn|"
-    "living room:living room,lounge|office:office,workspace|field:field,meadow,pasture|"
-    "bedroom:bedroom|bathroom:bathroom,restroom|restaurant:restaurant,cafe,diner|"
-    "airport:airport,runway|harbor:harbor,port,marina|garden:garden,backyard|forest:forest,woods|"
-    "station:station,platform|market:market,bazaar|farm:farm,barn|river:river,stream|"
-    "lake:lake,pond|snow:snow,slope|city:city,downtown|zoo:zoo,enclosure|"
-    "classroom:classroom,school|garage:garage,driveway").split("|")}
+SETTINGS = {s.split(",")[0]: s.split(",") for s in (
+    "kitchen,galley|street,road,avenue|beach,shore,seaside|park,lawn|living room,lounge|"
+    "office,workspace|field,meadow,pasture|bedroom|bathroom,restroom|restaurant,cafe,diner|"
+    "airport,runway|harbor,port,marina|garden,backyard|forest,woods|station,platform|"
+    "market,bazaar|farm,barn|river,stream|lake,pond|snow,slope|city,downtown|zoo,enclosure|"
+    "classroom,school|garage,driveway").split("|")}
 SETTING_PREPOSITION = {"street": "on", "beach": "on", "farm": "on", "river": "by", "lake": "by",
                        "station": "at", "airport": "at", "market": "at"}  # "in" for the others
 VERBS = ("sitting standing resting placed shown lying waiting kept parked seen gathered "
@@ -139,8 +137,8 @@ def _with_article(phrase):
 
 
 def _object_phrase(obj, boost, rng):
-    """('two old small crimson mugs to the left', plural?): the count always, the other
-    attributes with P_ATTRIBUTE * boost, a DETAILS word with P_DETAIL."""
+    """'two old small crimson mugs to the left': the count always, the other attributes with
+    P_ATTRIBUTE * boost, a DETAILS word with P_DETAIL."""
     said = {name: rng.random() < min(1.0, p * boost) for name, p in P_ATTRIBUTE.items()}
     singular, plural = pick(KINDS[obj["kind"]], rng)
     words = [pick(COUNTS[obj["count"]], rng)]
@@ -148,21 +146,18 @@ def _object_phrase(obj, boost, rng):
     words += [pick(SIZES[obj["size"]], rng)] if said["size"] else []
     words += [pick(COLOURS[obj["colour"]], rng)] if said["colour"] else []
     words += [singular if obj["count"] == 1 else plural]   # English order: count, size, colour
-    phrase = _with_article(" ".join(words))
-    if said["position"]:
-        phrase += " " + pick(POSITIONS[obj["position"]], rng)
-    return phrase, obj["count"] > 1
+    words += [pick(POSITIONS[obj["position"]], rng)] if said["position"] else []
+    return _with_article(" ".join(words))
 
 
 def caption(scene, rng):
     """One partial caption of the scene (the module docstring), before surface noise."""
     mentioned = [r for r in range(len(scene["objects"])) if rng.random() < P_OBJECT[r]] or [0]
-    objs = [_object_phrase(scene["objects"][r], SALIENT_BOOST if r == 0 else 1.0, rng)
-            for r in mentioned]
-    order = rng.permutation(len(objs))                                          # (n_said,)
-    said = [objs[i][0] for i in order]
+    phrases = [_object_phrase(scene["objects"][r], SALIENT_BOOST if r == 0 else 1.0, rng)
+               for r in mentioned]
+    said = [phrases[i] for i in rng.permutation(len(phrases))]
     items = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]  # x, y and z
-    many = objs[order[0]][1] or len(objs) > 1
+    many = len(said) > 1 or scene["objects"][mentioned[0]]["count"] > 1
     name = pick(SETTINGS[scene["setting"]], rng) if rng.random() < P_SETTING else None
     prep = SETTING_PREPOSITION.get(scene["setting"], "in")
     setting = name and f"{prep} {_with_article('a ' + name)}"
@@ -178,7 +173,7 @@ def caption(scene, rng):
     elif template == 3 and setting:  # in a kitchen, two red cups [sitting]
         text = f"{setting}, {items}{verb}"
     elif template == 4 and setting:  # a kitchen with two red cups [sitting]
-        text = _with_article(f"a {setting.split(' ', 2)[2]} with {items}{verb}")
+        text = _with_article(f"a {name} with {items}{verb}")
     else:                # two red cups and a dog, [sitting] in a kitchen
         text = f"{items},{where}" if where else items
     return text[0].upper() + text[1:] + "."
