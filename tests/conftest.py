@@ -1,6 +1,7 @@
 """Shared markers, the ../shared paths, a small captions file, and the local HTTP(S) server."""
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,22 @@ def shared(path):
     if not path.is_file():
         pytest.skip(f"{path} not found (../shared is absent)")
     return path
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """After the exercise tests (`make grade` in a student copy): a row per exercise, "passed",
+    "failed", "not started" (a test reached its stub) or "needs M" (exercise M's stub first)."""
+    titles = dict(m.split(": ", 1) for m in config.getini("markers") if m.startswith("exercise"))
+    rows = {}
+    for outcome in ("passed", "failed", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            mark = next((k for k in report.keywords if k in titles), None)
+            stub = re.search(r"NotImplementedError: exercise (\d+):", str(report.longrepr))
+            if mark and rows.get(mark, "passed") == "passed":
+                rows[mark] = ("passed" if outcome == "passed" else "failed" if not stub else
+                              "not started" if stub[1] == mark[8:] else f"needs {stub[1]}")
+    for mark in sorted(rows, key=lambda m: int(m[8:])):
+        terminalreporter.write_line(f"{mark[8:]:>3}  {titles[mark]:<42} {rows[mark]}")
 
 
 @pytest.fixture

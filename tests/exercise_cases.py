@@ -104,8 +104,8 @@ def captions(rng, dtype):
     """Captions with every special token, no word, one word, a full row, random lengths."""
     rows = [[BOS, 9, UNK, 6, 7, MASK, 8, EOS, PAD], [BOS, EOS] + [PAD] * 7,
             [BOS, UNK, EOS] + [PAD] * 6, [BOS, 11, EOS] + [PAD] * 6, [BOS, *range(5, 12), EOS]]
-    for n in rng.integers(0, 8, 6):
-        rows.append([BOS, *rng.integers(1, 40, n), EOS] + [PAD] * (7 - n))
+    for n in rng.integers(0, 8, 6):                                   # words, UNK and MASK
+        rows.append([BOS, *rng.choice([UNK, MASK, *range(5, 40)], n), EOS] + [PAD] * (7 - n))
     return np.array(rows, dtype)
 
 
@@ -120,11 +120,13 @@ def next_token(rng):
 
 
 def recall(rng):
-    ties = rng.integers(0, 3, (8, 10)).astype(float)                  # many exact ties
+    ties = rng.integers(0, 3, (40, 60)).astype(float)   # many exact ties, rows long enough
+                                                                      # for quicksort to move them
+    near = ties + rng.choice([-1e-9, 0.0, 1e-9], ties.shape)          # ties in float32 only
     dup = rng.standard_normal((6, 6))
     dup[3] = dup[1]                                                   # a duplicated row
     dup[:, 4] = dup[:, 2]                                             # and column
-    return "metrics", "recall_at_k", [(ties, (1, 2, 5)), (dup, (1, 3)), (rng.standard_normal((5, 9)),
+    return "metrics", "recall_at_k", [(ties, (1, 2, 5)), (near, (1, 2)), (dup, (1, 3)), (rng.standard_normal((5, 9)),
                                                                          (1, 5, 10))]
 
 

@@ -172,18 +172,21 @@ def cmd_grade(p):
     from . import course
     p.add_argument("numbers", nargs="*", type=at_least(1), metavar="N", help="default: all")
     p.add_argument("--copy", help="the copy (default: the one holding the working directory)")
-    p.add_argument("--tests", help="grade against these exercise tests (a teacher's own)")
-    p.add_argument("--timeout", type=at_least(1.0, float), default=course.TIMEOUT, help="seconds")
-    p.add_argument("--class", dest="folder", help="grade every copy in this folder into one CSV")
+    p.add_argument("--timeout", type=at_least(1.0, float), default=course.TIMEOUT,
+                   help="seconds (with --class: for each exercise of each copy)")
+    p.add_argument("--class", dest="folder", help="grade every copy in this folder against the "
+                   "repository's solutions, into one CSV")
     p.add_argument("--out", help="with --class: the CSV (default: FOLDER/grades.csv)")
+    p.add_argument("--regrade", action="store_true", help="with --class: the copies the CSV "
+                   "holds too")
+    p.add_argument("--seed", type=at_least(0), help="with --class: the inputs' seed (default: new)")
 
     def run(a):
         if a.folder:
-            course.grade_class(a.folder, a.out, a.numbers or None, a.tests, a.timeout)
+            course.grade_class(a.folder, a.out, a.numbers or None, a.timeout, None, a.regrade,
+                               a.seed)
             return 0
-        rows = course.grade(a.copy, a.numbers or None, a.tests, a.timeout)
-        print(course.table(rows, a.copy))
-        return int(any(r["status"] != "passed" for r in rows))
+        return int(course.check(a.copy, a.numbers, a.timeout) != 0)
     return run
 
 

@@ -1,8 +1,8 @@
 """The course kit (docs/course.md): exercises marked in the working code (a body between
 `# --- exercise N: title ---` and `# --- end of exercise N ---` in a module of minialign/), a
 student copy with them blanked (Exercise.stub) and without LEFT_OUT (the fast path computes their
-maths), and a grader running each exercise's tests (tests/test_exercises.py marked exerciseN) in
-a process of its own. Standard library only: grading imports no student code."""
+maths), the student's check (the copy's own tests), and the class grader: each copy's functions
+called in a child that reaches nothing else (course_child.py), their answers judged here."""
 import copy
 import csv
 import importlib.util
@@ -15,10 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
-import xml.etree.ElementTree as ET
 import zipfile
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -26,7 +23,6 @@ from typing import NamedTuple
 import numpy as np
 
 from . import course_child
-from .course_child import flatten
 
 ROOT = Path(__file__).resolve().parents[2]     # the repository (or student copy) of this code
 START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")
@@ -42,10 +38,6 @@ NUMPY = str(Path(np.__file__).parents[1])    # the folder numpy is imported from
 READABLE = sorted({str(Path(np.__file__).parent), *(str(p) for p in Path(NUMPY).glob("numpy.libs")),
                    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 POINTS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 4, 6: 2, 7: 3, 8: 2, 9: 3, 10: 2, 11: 2, 12: 2, 13: 3, 14: 3}
-# The grader's child: pytest, with an editable install's import hook removed, so a module
-# missing from the copy is missing, not the teacher's (the copy comes first on PYTHONPATH).
-PYTEST_CHILD = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in "
-         "getattr(f, '__name__', type(f).__name__)]; import pytest; sys.exit(pytest.main())")
 
 
 class Exercise(NamedTuple):
@@ -191,112 +183,23 @@ def restore(copy, numbers=None, root=ROOT):
     return paths
 
 
-def titles(tests):
-    """{N: title} of the exerciseN markers in the pyproject.toml beside the tests' folder."""
-    text = (Path(tests).resolve().parent.parent / "pyproject.toml").read_text(errors="replace")
-    return {int(n): t for n, t in re.findall(r'"exercise(\d+): ([^"(]+?)(?: \([^")]*\))?"', text)}
-
-
-def run_tests(copy, tests, number, timeout):
-    """Exercise `number`'s tests on the copy's code: pytest in a child (own session, scratch cwd,
-    the copy first on its path), its process group killed at `timeout` s or its end."""
-    if not (copy / "minialign" / "__init__.py").is_file():    # or Python finds another minialign
-        return "error", f"{copy}: no minialign/__init__.py"
-    with tempfile.TemporaryDirectory() as scratch:
-        report, log = Path(scratch, "report.xml"), Path(scratch, "output.txt")
-        env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        argv = [sys.executable, "-c", PYTEST_CHILD, str(tests), "-q", "-m", f"exercise{number}",
-                "-p", "no:cacheprovider", "--noconftest", "--import-mode=importlib",
-                f"--junitxml={report}"]
-        with open(log, "wb") as output:
-            child = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=output, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-            try:
-                child.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return "timed out", f"after {timeout:g} s (a loop that never ends?)"
-            finally:                  # the child and every process it started, then reap it
-                try:
-                    os.killpg(child.pid, signal.SIGKILL)
-                except (AttributeError, ProcessLookupError, PermissionError):  # Windows, or gone
-                    child.kill()
-                child.wait()
-        if not report.is_file():
-            lines = log.read_text(errors="replace").strip().splitlines()
-            return "error", lines[-1] if lines else f"pytest ended with code {child.returncode}"
-        return verdict(number, report, copy, scratch)
-
-
-def verdict(number, report, copy, cwd):
-    """(status, detail) from the JUnit report of pytest run in cwd: "passed"; "not started" (a
-    test reached the exercise's own stub); "needs M" (a test reached exercise M's stub first);
-    "failed" (detail: the first failing test, its error and where); "error" (no test ran)."""
-    cases = list(ET.parse(report).iter("testcase"))
-    bad = [(c.get("name"), e) for c in cases for e in c if e.tag in ("failure", "error")]
-    reached = {int(n) for _, e in bad
-               for n in re.findall(r"NotImplementedError: exercise (\d+):", e.get("message", ""))}
-    if not cases:
-        return "error", f"no test is marked exercise{number}"
-    if number in reached:
-        return "not started", ""
-    if reached:
-        return f"needs {min(reached)}", ""
-    if not bad:
-        return "passed", ""
-    name, e = bad[0]
-    said = re.findall(r"^E +([\w.]+: .*)$", e.text or "", re.M)
-    detail = f"{name}: {said[0] if said else e.get('message', e.tag).splitlines()[0]}"
-    places = re.findall(r'^(\S+\.py):(\d+): |File "(.+\.py)", line (\d+)', e.text or "", re.M)
-    places = [(Path(cwd, a or c).resolve(), b or d) for a, b, c, d in places]
-    mine = [(p.relative_to(copy), n) for p, n in places if Path(copy) in p.parents]
-    if mine or places:
-        path, line = (mine or places)[-1]
-        detail += f" (at {path.as_posix() if mine else path.name}:{line})"
-    return ("error" if e.tag == "error" else "failed"), detail
-
-
-def grade(copy=None, numbers=None, tests=None, timeout=TIMEOUT, jobs=None):
-    """Grade exercises `numbers` (None: all in the tests' pyproject.toml) of the copy (default: the
-    one holding the working directory) against `tests` (default: the copy's), `jobs` at once. Rows
-    {number, title, status, detail, seconds}; what the copy holds never raises (it is a row)."""
+def check(copy=None, numbers=(), timeout=None):
+    """The student's own check: pytest on the copy's tests/test_exercises.py (those marked
+    exerciseN for N in numbers, else all), in a child; tests/conftest.py prints a row per
+    exercise. copy: default, the copy holding the working directory. Returns pytest's code."""
     here = Path.cwd().resolve()
     found = [p for p in [here, *here.parents] if (p / "minialign" / "__init__.py").is_file()]
     if copy is None and not found:
         raise ValueError(f"{here}: no minialign copy here or above (minialign/__init__.py)")
     copy = Path(copy or found[0]).resolve()
-    tests = Path(tests).resolve() if tests is not None else copy / TESTS
-    if not tests.is_file():
-        raise FileNotFoundError(f"{tests}: no exercise tests there")
-    named = titles(tests)
-    numbers = sorted(set(numbers or named))
-    if set(numbers) - set(named):
-        raise ValueError(f"grade: no exercise {sorted(set(numbers) - set(named))} in {tests}")
-
-    def one(n):
-        t0 = time.perf_counter()
-        try:
-            status, detail = run_tests(copy, tests, n, timeout)
-        except Exception as e:        # noqa: BLE001 (whatever happens is this exercise's row)
-            status, detail = "error", f"{type(e).__name__}: {e}"
-        return {"number": n, "title": named[n], "status": status, "detail": detail,
-                "seconds": time.perf_counter() - t0}
-    with ThreadPoolExecutor(jobs or min(4, os.cpu_count() or 1)) as pool:
-        return list(pool.map(one, numbers))
-
-
-def table(rows, copy=None, student=None):
-    """The rows as lines: a header, one line per exercise (its detail at the end), a tally."""
-    width = max([len("exercise")] + [len(r["title"]) for r in rows])
-    lines = [f"grading {copy}" + (f" (student {student})" if student else "")] if copy else []
-    lines.append(f" #  {'exercise':<{width}}  {'status':<11}  seconds")
-    for r in rows:
-        lines.append(f"{r['number']:>2}  {r['title']:<{width}}  {r['status']:<11}  "
-                     f"{r['seconds']:7.1f}  {r['detail']}".rstrip())
-    counts = ", ".join(f"{n} {s}" for s, n in Counter(r["status"] for r in rows).items())
-    lines.append(f"{len(rows)} exercise(s): {counts} (one alone: pytest -m exerciseN)")
-    return "\n".join(lines)
+    marks = " or ".join(f"exercise{n}" for n in numbers) or "not nothing"
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-rN",
+                               "-p", "no:cacheprovider", "-m", marks, TESTS], cwd=copy, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        print(f"stopped after {timeout:g} s (a loop that never ends?)")
+        return 1
 
 
 class Judge(NamedTuple):
@@ -317,8 +220,7 @@ def judge_of(number, rng, cases):
     function = getattr(importlib.import_module(f"minialign.{module}"), name)
     expected = {}
     for i, args in enumerate(copy.deepcopy(calls)):
-        flatten(function(*args), f"{i}/out", expected)
-        flatten(args, f"{i}/args", expected)
+        expected.update(course_child.call(function, args, i))
     return Judge(number, job, calls, expected, cases.CHECKS.get(number))
 
 
@@ -376,8 +278,8 @@ def differs(have, want, tol):
     finite = np.isfinite(want)
     if not np.array_equal(np.isfinite(have), finite) or np.any(have[~finite] != want[~finite]):
         return "not finite where expected finite, or the other way round"
-    err = np.abs(have - want)[finite].max(initial=0) / max(np.abs(want[finite]).max(initial=0),
-                                                           np.finfo(np.float64).tiny)
+    scale = np.abs(want[finite]).max(initial=0) or 1.0                # all zeros: absolute
+    err = np.abs(have - want)[finite].max(initial=0) / scale
     return f"off by {err:.1e} of its largest value" if err > tol else None
 
 
