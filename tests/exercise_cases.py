@@ -39,8 +39,8 @@ def gelu(rng):
 
 def mean_pool(rng):
     seqs = [np.array([0, 0, 0, 1, 2, 2]), np.array([0, 2, 2, 2, 2, 3, 3]),    # 1: no rows
-            np.array([0], np.int32)]
-    cases = [(rng.standard_normal((len(s), 5)), s, n) for s, n in zip(seqs, (3, 5, 1))]
+            np.array([0], np.int32), np.array([1, 0, 1, 2, 0])]               # rows unsorted
+    cases = [(rng.standard_normal((len(s), 5)), s, n) for s, n in zip(seqs, (3, 5, 1, 3))]
     return "layers", "mean_pool_forward", both(cases)
 
 
@@ -120,14 +120,13 @@ def next_token(rng):
 
 
 def recall(rng):
-    ties = rng.integers(0, 3, (40, 60)).astype(float)   # many exact ties, rows long enough
-                                                                      # for quicksort to move them
+    ties = rng.integers(0, 3, (40, 60)).astype(float)  # exact ties, in rows quicksort reorders
     near = ties + rng.choice([-1e-9, 0.0, 1e-9], ties.shape)          # ties in float32 only
     dup = rng.standard_normal((6, 6))
     dup[3] = dup[1]                                                   # a duplicated row
     dup[:, 4] = dup[:, 2]                                             # and column
-    return "metrics", "recall_at_k", [(ties, (1, 2, 5)), (near, (1, 2)), (dup, (1, 3)), (rng.standard_normal((5, 9)),
-                                                                         (1, 5, 10))]
+    return "metrics", "recall_at_k", [(ties, (1, 2, 5)), (near, (1, 2, 5, 20, 40)), (dup, (1, 3)),
+                                      (rng.standard_normal((5, 9)), (1, 5, 10))]
 
 
 def neighbours(rng):
@@ -137,8 +136,9 @@ def neighbours(rng):
     ties = e[rng.integers(0, 3, 12)] * rng.integers(1, 4, (12, 1))    # duplicated directions
     dup = a.copy()
     dup[[4, 7]] = dup[2]                                              # a point repeated
-    return "metrics", "mutual_knn", [(a, b, k) for k in (1, 3, 11)] + [(ties, b, 3), (a, ties, 2),
-                                                                       (dup, ties, 3), (dup, a, 1)]
+    many = [np.eye(5)[rng.integers(0, 5, 60)] * rng.integers(1, 4, (60, 1)) for _ in "AB"]
+    return "metrics", "mutual_knn", [(a, b, k) for k in (1, 3, 11)] + [
+        (ties, b, 3), (a, ties, 2), (dup, ties, 3), (dup, a, 1), (*many, 5)]  # 12 ties per k-th
 
 
 def rotation(rng):

@@ -1,10 +1,9 @@
 """The course kit (minialign/machinery/course.py): the markers, a student copy and restore, the
-grader on one copy and on a class whatever its copies hold."""
-import csv
+student's check, and the class grader's worth: every mutant of tests/mutants.py fails."""
 import os
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -43,7 +42,9 @@ def solved(tmp_path_factory):
 # ---------------------------------------------------------------- the markers
 def test_fourteen_exercises_in_the_core_each_with_its_pytest_marker():
     assert ALL == list(range(1, 15)) and {e.path for e in EXERCISES} == CORE
-    assert course.titles(ROOT / course.TESTS) == {e.number: e.title for e in EXERCISES}
+    markers = re.findall(r'"exercise(\d+): ([^"(]+?)(?: \(needs [\d, ]+\))?"',
+                         (ROOT / "pyproject.toml").read_text())
+    assert {int(n): t for n, t in markers} == {e.number: e.title for e in EXERCISES}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -127,62 +128,34 @@ def test_the_solved_copy_encodes_with_the_reference_layers(solved):
     assert Path(run.stdout.strip()) == solved / "minialign" / "model.py"
 
 
-# ---------------------------------------------------------------- the grader
-def test_grade_passes_the_solved_copy_and_says_not_started_on_the_blank_one(solved, blank):
-    """The blank copy: every exercise's tests reach its own stub first. The solved copy: one
-    exercise per module (every exercise's tests pass on the repository: test_exercises.py)."""
-    some = [1, 6, 9, 10, 12]             # layers, losses, optim, objectives, metrics
-    rows = course.grade(solved, some, jobs=2)
-    assert [(r["number"], r["status"]) for r in rows] == [(n, "passed") for n in some], \
-        course.table(rows)
-    rows = course.grade(blank, jobs=2)          # the copy's code, though Python has the repo's
-    assert [(r["number"], r["status"]) for r in rows] == [(n, "not started") for n in ALL], \
-        course.table(rows)
-    lines = course.table(rows, blank, "ada").splitlines()
-    assert lines[0] == f"grading {blank} (student ada)"
-    assert lines[-1].startswith("14 exercise(s): 14 not started")
+# ---------------------------------------------------------------- the student's check
+def test_the_check_says_not_started_on_the_blank_copy_and_passed_on_the_solved_one(
+        solved, blank, capfd):
+    assert course.check(blank) == 1
+    rows = capfd.readouterr().out.splitlines()[-15:-1]
+    assert [r.split()[0] for r in rows] == [str(n) for n in ALL], rows
+    assert all(r.endswith("not started") for r in rows), rows
+    assert course.check(solved, [1, 6, 9, 10, 12]) == 0      # one exercise per module
+    rows = capfd.readouterr().out.splitlines()[-6:-1]
+    assert [r.split()[0] for r in rows] == ["1", "6", "9", "10", "12"], rows
+    assert all(r.endswith("passed") for r in rows), rows
 
 
+# ---------------------------------------------------------------- the grader's worth
 @needs_solutions
-def test_a_class_grades_into_one_csv_whatever_a_copy_holds(tmp_path):
-    """ada: exercise 3 solved, no student.txt (her folder's name), her copy's tests edited to
-    pass everything (the teacher's tests grade); bo: every exercise solved, then metrics.py does
-    not parse and the AdamW step starts a process and never ends."""
-    group = tmp_path / "class"
-    course.write_copy(group / "ada", solved=[3])
-    course.write_copy(group / "b", solved=ALL, student="bo")
-    (group / "notes").mkdir()                                  # not a copy: no student
-    (group / "ada" / course.TESTS).write_text("".join(
-        f"import pytest\n@pytest.mark.exercise{n}\ndef test_{n}():\n    pass\n" for n in ALL))
-    code = group / "b" / "minialign"
-    (code / "metrics.py").write_text((code / "metrics.py").read_text() + "broken = (\n")
-    pid_file = tmp_path / "orphan.pid"
-    optim = (code / "optim.py").read_text().replace(
-        "# --- exercise 9: AdamW step ---\n", "# --- exercise 9: AdamW step ---\n"
-        "    import subprocess, sys\n"
-        f"    open({str(pid_file)!r}, 'w').write(str(subprocess.Popen([sys.executable, '-c', "
-        "'import time; time.sleep(600)']).pid))\n    while True:\n        pass\n")
-    (code / "optim.py").write_text(optim)
-
-    rows = course.grade_class(group, numbers=[3, 9, 12], timeout=8, jobs=3)
-    table = list(csv.reader((group / "grades.csv").read_text().splitlines()))
-    assert table[0] == ["student", "copy", "exercise", "title", "status", "points", "detail"]
-    assert [row[:6] for row in table[1:]] == [
-        [student, str(group / folder), str(n), EXERCISES[n - 1].title, status, points]
-        for student, folder, statuses in [
-            ("ada", "ada", ["passed", "not started", "not started"]),
-            ("bo", "b", ["passed", "timed out", "failed"])]
-        for n, status in zip([3, 9, 12], statuses)
-        for points in [f"{course.POINTS[n]:g}" if status == "passed" else "0"]]
-    assert len(rows) == 6
-    assert table[6][6].startswith("test_recall_at_k_by_hand_with_ties: SyntaxError: '(' was never")
-    assert table[6][6].endswith("(at minialign/metrics.py:%d)" % len(
-        (code / "metrics.py").read_text().splitlines())), table[6][6]
-    pid = int(pid_file.read_text())                  # the hanging exercise's own child is gone
-    for _ in range(50):
-        stat = Path(f"/proc/{pid}/stat")
-        if not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z":
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"process {pid}, started by the student's code, outlived grading")
+def test_the_class_grader_fails_every_mutant_and_passes_the_reference(tmp_path):
+    """STYLE.md section 12: tests/mutants.py's plausible wrong bodies, in copies graded by one
+    grade_class; an exercise that holds a mutant is never "passed", and the reference passes."""
+    import mutants
+    bodies = mutants.reference_bodies(ROOT)
+    assert sorted(mutants.MUTANTS) == ALL
+    for n, found in mutants.MUTANTS.items():
+        assert len({name for name, _, _ in found}) == len(found) >= 4, n
+        for name, _, edits in found:             # each old text once, and a change
+            assert mutants.mutant_body(bodies[n], edits, name) != bodies[n], name
+    assert not any({1, 5} <= set(copy) for copy in mutants.schedule())  # 5 calls 1's code
+    reference, results = mutants.grade_mutants(tmp_path)
+    assert reference == {n: ("passed", "") for n in ALL}, reference
+    passed = [f"exercise {n} {name} ({what})" for n, name, what, status, _ in results
+              if status == "passed"]
+    assert not passed, f"{len(passed)} mutant(s) graded passed:\n" + "\n".join(passed)

@@ -2,7 +2,6 @@
 and nothing a copy's code does reaches a verdict, another copy, the teacher's files or the CSV.
 """
 import csv
-import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ def statuses(rows):
 def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, capsys):
     edits = {"exit": [("layers.py", "", "import sys\nsys.exit(3)\n")],
              "hang": [("metrics.py", "", "while True:\n    pass\n")],
+             "forks": [("optim.py", "", "import os, time\nif os.fork() == 0:\n    time.sleep(600)\n")],
              "latin1": [("losses.py", "", b'CAFE = "caf\xe9"\n')],
              "missing": [("metrics.py", None, None)],
              "marker": [("optim.py", "    # --- exercise 9: AdamW step ---\n", "")],
@@ -57,7 +57,7 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
     (tmp_path / "good" / course.STUDENT_FILE).write_bytes(b"\xff\xfeada\n")
     rows = course.grade_class(tmp_path, timeout=5)
     with open(tmp_path / "grades.csv", newline="") as f:
-        assert [len(r) for r in csv.reader(f)] == [7] * (1 + 8 * 14)
+        assert [len(r) for r in csv.reader(f)] == [7] * (1 + 9 * 14)
     s = statuses(rows)
     assert {s[("\ufffd\ufffdada", n)][0] for n in ALL} == {"passed"}
     assert s[("exit", 1)] == ("error", "SystemExit: 3 (at minialign/layers.py:2)")
@@ -67,8 +67,11 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
     assert s[("marker", 9)][0] == "passed"
     assert s[("shouts", 10)][0] == "error" and "File too large" in s[("shouts", 10)][1]
     assert s[("killed", 2)][0] == "error" and "SIGKILL" in s[("killed", 2)][1]
+    if sys.platform.startswith("linux"):                      # no child left, nor its fork
+        assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                    if b"course_child.py" in p.read_bytes()]
     printed = capsys.readouterr().out
-    assert printed.count(" / 35 points") == 8
+    assert printed.count(" / 35 points") == 9
     before = (tmp_path / "grades.csv").read_bytes()          # a rerun grades nothing again
     assert course.grade_class(tmp_path, timeout=5) == course.read_rows(tmp_path / "grades.csv")
     assert (tmp_path / "grades.csv").read_bytes() == before
