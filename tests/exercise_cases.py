@@ -34,7 +34,8 @@ def linear(rng):
 
 def gelu(rng):
     x = [rng.standard_normal((3, 4, 5)) * 3, np.array([-30.0, -10.0, -1e-3, 0.0, 1e-3, 10.0, 30.0])]
-    return "layers", "gelu_backward", [backward(L.gelu_forward, c, rng) for c in both([(v,) for v in x])]
+    cases = both([(v,) for v in x])
+    return "layers", "gelu_backward", [backward(L.gelu_forward, c, rng) for c in cases]
 
 
 def mean_pool(rng):
@@ -67,7 +68,7 @@ def attention(rng):
 def vicreg_inputs(rng):
     z = rng.standard_normal((9, 4)) * np.array([0.3, 1.0, 2.0, 0.9]) + rng.standard_normal(4) * 3
     return both([(z,), (rng.standard_normal((2, 3)) + 5,), (rng.standard_normal((6, 1)),),
-                 (np.column_stack([np.full(5, 2.0), rng.standard_normal(5)]),)])  # a constant column
+                 (np.column_stack([np.full(5, 2.0), rng.standard_normal(5)]),)])  # constant column
 
 
 def variance(rng):
@@ -79,7 +80,7 @@ def covariance(rng):
 
 
 def cross_entropy(rng):
-    far = rng.standard_normal((6, 5)) * 300 + rng.standard_normal((6, 1)) * 3000   # within, across rows
+    far = rng.standard_normal((6, 5)) * 300 + rng.standard_normal((6, 1)) * 3000  # in, across rows
     cases = [(rng.standard_normal((7, 11)), rng.integers(0, 11, 7)), (far, np.argmin(far, axis=1)),
              (np.zeros((1, 4)), np.array([3], np.int32)), (far[:2] / 1e4, np.array([0, 4]))]
     return "losses", "cross_entropy", both(cases)
@@ -110,13 +111,14 @@ def captions(rng, dtype):
 
 
 def masking(rng):
-    return "objectives", "mask_words", [(captions(rng, d), rate, np.random.default_rng(rng.integers(1 << 32)))
-                                        for d in (np.int64, np.int32) for rate in (0.0, 0.3, 0.999)]
+    return "objectives", "mask_words", [
+        (captions(rng, d), rate, np.random.default_rng(rng.integers(1 << 32)))
+        for d in (np.int64, np.int32) for rate in (0.0, 0.3, 0.999)]
 
 
 def next_token(rng):
-    return "objectives", "next_token_targets", [(captions(rng, d),) for d in (np.int64, np.int32)] + [
-        (np.array([[BOS, 7, EOS]], np.int32),)]
+    return "objectives", "next_token_targets", [
+        (captions(rng, np.int64),), (captions(rng, np.int32),), (np.array([[BOS, 7, EOS]]),)]
 
 
 def recall(rng):

@@ -5,7 +5,7 @@ edits are (old, new) replacements in the reference body (dedented; each old text
 once), or one string, a whole body. One copy holds a mutant of several exercises, never one of
 an exercise together with one of an exercise whose code it calls (NEEDS).
 
-tests/test_course.py runs them; `python tests/mutants.py [SEED]` prints each mutant and its verdict."""
+tests/test_course.py runs them; `python tests/mutants.py [SEED]` prints each one's verdict."""
 import sys
 import textwrap
 from pathlib import Path

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALL = list(range(1, 15))
 pytestmark = pytest.mark.skipif(not (ROOT / course.FAST).is_file(),
                                 reason="a student copy holds no solutions to grade against")
-confined = pytest.mark.skipif(not sys.platform.startswith("linux") or not course_child.landlock_abi(),
+confined = pytest.mark.skipif(not course_child.landlock_abi(),
                               reason="only Linux' Landlock keeps a child from the teacher's files")
 
 
@@ -45,12 +45,14 @@ def statuses(rows):
 def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, capsys):
     edits = {"exit": [("layers.py", "", "import sys\nsys.exit(3)\n")],
              "hang": [("metrics.py", "", "while True:\n    pass\n")],
-             "forks": [("optim.py", "", "import os, time\nif os.fork() == 0:\n    time.sleep(600)\n")],
+             "forks": [("optim.py", "", "import os, time\nif os.fork() == 0:\n"
+                        "    time.sleep(600)\n")],
              "latin1": [("losses.py", "", b'CAFE = "caf\xe9"\n')],
              "missing": [("metrics.py", None, None)],
              "marker": [("optim.py", "    # --- exercise 9: AdamW step ---\n", "")],
              "shouts": [("objectives.py", "", "print('x' * (100 << 20))\n")],
-             "killed": [("layers.py", "", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")]}
+             "killed": [("layers.py", "", "import os, signal\n"
+                         "os.kill(os.getpid(), signal.SIGKILL)\n")]}
     for name, e in edits.items():
         copy_with(tmp_path, name, e, student=name)
     copy_with(tmp_path, "good")
@@ -80,13 +82,16 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
 @confined
 def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(tmp_path):
     csv_path, other = tmp_path / "grades.csv", tmp_path / "victim" / "minialign" / "layers.py"
+    solutions, tests = str(ROOT / "minialign" / "layers.py"), str(ROOT / course.CASES)
     edits = {
-        "reads_solutions": [("layers.py", "    x, w = cache\n", f"    exec(open({str(ROOT / 'minialign' / 'layers.py')!r}).read())\n    x, w = cache\n")],
-        "writes_tests": [("metrics.py", "", f"open({str(ROOT / course.CASES)!r}, 'a').write('x')\n")],
+        "reads_solutions": [("layers.py", "    x, w = cache\n",
+                             f"    exec(open({solutions!r}).read())\n    x, w = cache\n")],
+        "writes_tests": [("metrics.py", "", f"open({tests!r}, 'a').write('x')\n")],
         "writes_csv": [("losses.py", "", f"open({str(csv_path)!r}, 'w').write('x')\n")],
         "breaks_other": [("optim.py", "", f"open({str(other)!r}, 'w').write('x')\n")],
-        "late_writer": [("objectives.py", "", "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
-                         f"    time.sleep(2)\n    open({str(csv_path)!r}, 'w').write('x')\n")],
+        "late_writer": [("objectives.py", "", "import os, time\nif os.fork() == 0:\n"
+                         f"    os.setsid()\n    time.sleep(2)\n"
+                         f"    open({str(csv_path)!r}, 'w').write('x')\n")],
         "patches_numpy": [("metrics.py", "", "import numpy\nnumpy.allclose = numpy.array_equal = "
                            "lambda *a, **k: True\n")]}
     for name, e in edits.items():
@@ -100,7 +105,8 @@ def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(t
     assert course.read_rows(csv_path) and not csv_path.read_text().startswith("x")
     for student, n in [("reads_solutions", 1), ("writes_tests", 12), ("writes_csv", 6),
                        ("breaks_other", 9)]:
-        assert s[(student, n)][0] == "error" and "PermissionError" in s[(student, n)][1], s[(student, n)]
+        status, detail = s[(student, n)]
+        assert status == "error" and "PermissionError" in detail, (student, detail)
     assert {s[("patches_numpy", n)][0] for n in ALL} == {"not started"}
 
 

@@ -35,7 +35,7 @@ TIMEOUT = 60.0       # seconds one exercise's tests may run (each takes about on
 CASES = "tests/exercise_cases.py"           # what the class grader asks of each exercise
 CHILD = Path(course_child.__file__)          # runs a student's function, reaching nothing else
 NUMPY = str(Path(np.__file__).parents[1])    # the folder numpy is imported from
-READABLE = sorted({str(Path(np.__file__).parent), *(str(p) for p in Path(NUMPY).glob("numpy.libs")),
+READABLE = sorted({str(Path(np.__file__).parent), *map(str, Path(NUMPY).glob("numpy.libs")),
                    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 POINTS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 4, 6: 2, 7: 3, 8: 2, 9: 3, 10: 2, 11: 2, 12: 2, 13: 3, 14: 3}
 
@@ -195,8 +195,9 @@ def check(copy=None, numbers=(), timeout=None):
     marks = " or ".join(f"exercise{n}" for n in numbers) or "not nothing"
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-rN",
-                               "-p", "no:cacheprovider", "-m", marks, TESTS], cwd=copy, env=env, timeout=timeout).returncode
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-rN", "-p",
+                               "no:cacheprovider", "-m", marks, TESTS], cwd=copy, env=env,
+                              timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         print(f"stopped after {timeout:g} s (a loop that never ends?)")
         return 1

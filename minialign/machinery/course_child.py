@@ -76,7 +76,8 @@ def where(error, copy):
     """The last line of the traceback in the copy, as "minialign/layers.py:52", or ""."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if os.path.abspath(f.filename).startswith(copy + os.sep)]
-    return f" (at {os.path.relpath(frames[-1].filename, copy)}:{frames[-1].lineno})" if frames else ""
+    return (f" (at {os.path.relpath(frames[-1].filename, copy)}:{frames[-1].lineno})"
+            if frames else "")
 
 
 def main(scratch):
