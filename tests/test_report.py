@@ -188,6 +188,104 @@ def test_the_published_column_only_beside_dinov2_scores():
     assert "published" not in report.main_table({**results, "published": {}})[0]
 
 
+# ---------------------------------------------------------------- the finding, how fast
+def curve(*values):
+    return {"step": [0, 50, 100], "mutual_knn": list(values)}
+
+
+def demo_like(curves):
+    """The demo's shape by hand: next_token ends above bad_views by mutual-kNN (the published
+    order reversed), bad_views below its untrained encoder; curves {objective: [(v0, v1, v2)]}."""
+    t = table({"good_views": {**same(0.1), "mutual_knn": [0.070, 0.066, 0.074]},
+               "bad_views": {**same(0.03), "mutual_knn": [0.027, 0.028, 0.026]},
+               "next_token": {**same(0.02), "mutual_knn": [0.030, 0.031, 0.029],
+                              "paraphrase_R@1": [0.031] * 3}})
+    t["untrained"] = {"bidirectional": {"objectives": ["good_views", "bad_views"], **same(0.04),
+                                        "seeds": [0, 1, 2]},
+                      "causal": {"objectives": ["next_token"], "seeds": [0, 1, 2], **same(0.021),
+                                 "mutual_knn": [0.035] * 3}}
+    t.update(metric="mutual_knn", embeddings={"path": "e.npz", "model": "DINOv2"},
+             curves={f"{o}-{i}": {"objective": o, "seed": i, "curve": curve(*c)}
+                     for o, cs in curves.items() for i, c in enumerate(cs)})
+    t["speed"] = report.speed(t)
+    return t
+
+
+CURVES = {"good_views": [(0.04, 0.05, 0.07), (0.04, 0.06, 0.07)],       # reach 0.055 at 100, 50
+          "bad_views": [(0.04, 0.03, 0.028)] * 2,                       # falls: never
+          "next_token": [(0.035, 0.05, 0.056), (0.035, 0.04, 0.045)]}   # one seed of two
+
+
+def test_the_finding_states_the_order_and_the_untrained_encoder_computed():
+    lines = report.finding(demo_like(CURVES), "../docs/results.md")
+    assert lines[2] == ("Test split; ≈: within noise by the noise rule; published: COCO with "
+                        "DINOv2 (paraphrase R@1: mutual-kNN@10's).")
+    pub = "published good_views 0.320 > bad_views 0.192 > next_token 0.148"
+    # next_token 0.030 against bad_views 0.027: 0.003 > max(2 x 0.001 x sqrt(2/3), 0.002)
+    assert lines[4:7] == [
+        f"- mutual-kNN@10: good_views 0.070 > next_token 0.030 > bad_views 0.027; {pub}. "
+        "**Not the published order**: next_token above bad_views.",
+        "- R@1: good_views 0.100 > bad_views 0.030 > next_token 0.020; published good_views "
+        "0.084 > bad_views 0.063 > next_token 0.057.",             # the published order: no more
+        # 0.031 against 0.030 is within the floor: ≈, and still not the published order
+        f"- paraphrase R@1: good_views 0.100 > next_token 0.031 ≈ bad_views 0.030; {pub}. "
+        "**Not the published order**: next_token above bad_views."]
+    assert lines[10:15] == [
+        "| objective | mutual-kNN@10 | R@1 | paraphrase R@1 | steps to val mutual-kNN@10 0.055 |",
+        "|---|---|---|---|---|",
+        "| good_views | above (+0.030) | above (+0.060) | above (+0.060) | 75 ± 35 |",
+        "| bad_views | below (-0.013) | below (-0.010) | below (-0.010) | never |",
+        "| next_token | below (-0.005) | within noise (-0.001) | above (+0.010) | 100 (1 of 2 "
+        "seeds) |"]
+    assert lines[16].startswith("Steps: the first evaluation at which a seed's val mutual-kNN@10 "
+                                "reaches 0.055, halfway from the curves' highest start (0.040, "
+                                "step 0: untrained) to the best final seed mean (0.070)")
+    assert lines[16].endswith("[docs/results.md](../docs/results.md#where-the-results-part-from-"
+                              "the-claim).")
+
+
+def test_how_fast_for_curves_that_fall_and_never_reach():
+    sp = demo_like(CURVES)["speed"]
+    assert (sp["start"], sp["best"], sp["level"]) == pytest.approx((0.04, 0.07, 0.055))
+    assert sp["steps"] == {"good_views": [100, 50], "bad_views": [None, None],
+                           "next_token": [100, None]}
+    assert report.steps([100, 50]) == "75 ± 35" and report.steps([None]) == "never"
+    # every curve falls: no level, every objective never, and the finding says none aligns
+    falling = demo_like({o: [(0.04, 0.03, 0.02)] for o in CURVES})
+    assert falling["speed"]["level"] is None
+    assert falling["speed"]["steps"] == {o: [None] for o in CURVES}
+    lines = report.finding(falling, "x")
+    assert lines[10] == "| objective | mutual-kNN@10 | R@1 | paraphrase R@1 |"
+    assert lines[16].startswith("No val mutual-kNN@10 ends above the curves' highest start "
+                                "(0.040, step 0: untrained): none aligns, faster or slower.")
+
+
+def test_one_seed_states_the_difference_and_makes_no_call_on_noise():
+    assert report.versus([0.0405], [0.04]) == ("above", pytest.approx(0.0005))   # < the floor
+    assert report.versus([0.03], [0.04])[0] == "below"
+    assert report.versus([0.0405] * 2, [0.04] * 2)[0] == "within noise"
+    one = demo_like(CURVES)
+    for row in [*one["objectives"].values(), *one["untrained"].values()]:
+        row.update({k: row[k][:1] for k in KEYS}, seeds=[0])
+    lines = report.finding(one, "x")
+    assert "(one seed: no spread, so a difference is stated, never judged against noise)" in \
+        lines[2]
+    assert lines[4].startswith("- mutual-kNN@10: good_views 0.070 > next_token 0.030 > bad_views")
+    assert lines[14].startswith("| next_token | below (-0.005) | below (-0.001) | above (+0.010) |")
+
+
+def test_figures_show_the_bars_and_no_empty_lr_search(tmp_path):
+    results = {**demo_like(CURVES), "dataset": "hand", "lr_search": {}, "world": None,
+               "ceiling": None, "published": report.PUBLISHED}
+    assert figures.draw(results, tmp_path) == ["fig_alignment.png", "fig_curves.png"]
+    assert not (tmp_path / "fig_lr_search.png").exists()
+    # published (0.148 .. 0.320) is over 1.5 times the tallest seed (0.074): written at the top; the
+    # axis spans the bars: good_views' bar reaches the upper half of the panel (y 150 .. 760)
+    pixels = np.array(Image.open(tmp_path / "fig_alignment.png"))[:, :800]
+    rows = np.nonzero((pixels == figures.COLOURS["good_views"]).all(-1).any(1))[0]
+    assert rows.min() < (150 + 760) / 2 and rows.max() == pytest.approx(760, abs=3)
+
+
 # ---------------------------------------------------------------- the lr search's pick
 def test_a_pick_is_resolved_by_the_noise_rule():
     """margin = the pick's val score - the best other finite one; noise = 2 sqrt(2) x the
@@ -318,8 +416,8 @@ def test_a_text_only_report(tiny, tmp_path, capsys):
         f"| {u[0]:.3f}, {u[1]:.3f} |",
         f"| good_views | {np.mean(g):.3f} ± {np.std(g, ddof=1):.3f} | {g[0]:.3f}, {g[1]:.3f} |"]
     assert body(md)[5].startswith("| good_views, lr search (1.00e-0")
-    assert "Text side only: `report --embeddings FILE` adds the image columns." in md
-    assert "selected on final val paraphrase R@1" in md
+    assert "text only (`report --embeddings FILE` adds the image columns)" in md
+    assert "on final val paraphrase R@1" in md
     for name in ("fig_alignment.png", "fig_curves.png", "fig_lr_search.png"):
         assert f"({name})" in md
         img = Image.open(out / name)
@@ -342,7 +440,9 @@ def test_a_report_with_the_worlds_images(tiny, imaged, tmp_path):
     assert rows[3] == f"| world v2 ceiling (scene factors vs images) | {results['ceiling']:.3f} " \
                       f"|  | - |  | - |"
     assert [r.split(" |")[0] for r in rows[4:6]] == ["| good_views", "| next_token"]
-    assert "published" not in md.splitlines()[4] and "compare the ordering of the objectives" in md
+    assert "published" not in md.splitlines()[4] and "\n## The finding against the claim\n" in md
+    link = md.split("[docs/results.md](")[1].split("#")[0]      # relative to the directory
+    assert (out / link).resolve() == Path(report.__file__).parents[2] / "docs" / "results.md"
     again = copy(out, tmp_path)
     report.write_report(again, tiny["embeddings"])          # the same runs: the same bytes
     assert {p.name: p.read_bytes() for p in again.iterdir() if p.is_file()} == \

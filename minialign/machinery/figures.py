@@ -90,41 +90,47 @@ def labels_right(draw, px, xs, levels, ends=()):
 
 
 def alignment(results):
-    """Test metrics per objective: bars, seeds, untrained encoder, chance, ceiling, published."""
+    """Test metrics per objective: bars, seeds, untrained encoder, chance, ceiling, published; the
+    axis spans the runs, a reference more than 1.5 times as high is written at the top (↑)."""
     keys = ["mutual_knn", "R@1"] if "mutual_knn" in results["metrics"] else ["paraphrase_R@1"]
     published, width = results["published"], (SIZE[0] - 120) // len(keys)
     title = "Test alignment with the images" if len(keys) == 2 else "Test paraphrase R@1"
-    img, draw = figure(results, title, [], "bar: mean over seeds   ○ one seed   ▬ ▬ untrained"
-                       " encoder   - - - chance" + "   ▬ published (COCO)" * bool(published))
+    legend = "bar: mean over seeds   ○ one seed   ▬ ▬ untrained encoder   - - - chance"
+    img, draw = figure(results, title, [], legend + "   ▬ published (COCO; ↑ off the axis)" * bool(
+        published))
     objs = [o for o, row in results["objectives"].items() if row["seeds"]]
     for i, key in enumerate(keys):
-        box, xs = (110 + i * width, 150, 110 + (i + 1) * width - 230, 760), (-0.5, len(objs) - 0.5)
+        box, xs = (110 + i * width, 150, 110 + (i + 1) * width - 270, 760), (-0.5, len(objs) - 0.5)
         base = {o: next((float(np.mean(u[key])) for u in results["untrained"].values()
                          if o in u["objectives"]), None) for o in objs}
         top = max([v for o in objs for v in results["objectives"][o][key]] + [1e-3]
-                  + [b for b in base.values() if b] + [results["chance"].get(key, 0)]
-                  + [published[o][key] for o in objs if o in published])
+                  + [b for b in base.values() if b] + [results["chance"].get(key, 0)])
         ceiling = results["ceiling"] if key == "mutual_knn" else None
-        off = ceiling is not None and ceiling > 2 * top         # written, not on the axis
-        px = axes(draw, box, xs, (0, 1.15 * max(top, 0 if off else ceiling or 0)),
-                  list(enumerate(objs)))
-        draw.text(((box[0] + box[2]) / 2, 84), LABELS[key], font=font(30), fill=INK, anchor="ma")
+        pub = {o: published[o][key] for o in objs if key in published.get(o, {})}
+        top = max([top] + [v for v in [ceiling, *pub.values()] if v and v <= 1.5 * top])
+        px = axes(draw, box, xs, (0, 1.15 * top), list(enumerate(objs)))
+        draw.text(((box[0] + box[2]) / 2, 80), LABELS[key], font=font(30), fill=INK, anchor="ma")
         for j, obj in enumerate(objs):
             v = results["objectives"][obj][key]
             (x0, y0), (x1, _) = px(j - 0.3, 0), px(j + 0.3, 0)
             draw.rectangle([x0, px(j, float(np.mean(v)))[1], x1, y0], fill=colour(obj, objs))
             for s, value in enumerate(v):
                 dot(draw, px(j + (s - (len(v) - 1) / 2) * 0.1, value), 8, "white")
-            draw.text(((x0 + x1) / 2, px(j, max(v))[1] - 14), f"{np.mean(v):.3f}", font=font(24),
-                      fill=INK, anchor="mb")
+            above = max(v + [base[obj] or 0] + [p for p in [pub.get(obj, 0)] if p <= 1.15 * top])
+            draw.text(((x0 + x1) / 2, px(j, above)[1] - 14), f"{np.mean(v):.3f}", font=font(24),
+                      fill=INK, anchor="mb")                # above the seeds and the lines
             if base[obj]:
                 dashed(draw, px(j - 0.38, base[obj]), px(j + 0.38, base[obj]), INK, 5)
-            if key in published.get(obj, {}):
-                draw.line([(x, px(j, published[obj][key])[1]) for x in (x0 - 12, x1 + 12)], INK, 6)
-        labels_right(draw, px, xs, [(results["chance"].get(key), "chance", GREY),
-                                    (None if off else ceiling, "world ceiling", RED)],
-                     [(box[1] + 37, f"world ceiling\n{ceiling:.3f} ↑\n(off the scale)", RED)]
-                     if off else [])
+            if pub.get(obj, math.inf) <= 1.15 * top:
+                draw.line([(x, px(j, pub[obj])[1]) for x in (x0 - 12, x1 + 12)], INK, 6)
+            elif obj in pub:
+                draw.text(((x0 + x1) / 2, box[1] - 6), f"↑ {pub[obj]:.3f}", font=font(22),
+                          fill=INK, anchor="md")
+        if ceiling and ceiling > 1.15 * top:                    # written, not on the axis
+            draw.text((box[2], box[1] - 6), f"world ceiling {ceiling:.3f} ↑", font=font(22),
+                      fill=RED, anchor="rd")
+        labels_right(draw, px, xs, [(results["chance"].get(key), "chance", GREY), (
+            ceiling if ceiling and ceiling <= 1.15 * top else None, "world ceiling", RED)])
     return img
 
 
@@ -146,7 +152,8 @@ def curves(results):
     for obj, (x, v) in lines.items():
         draw.line([px(s, y) for s, y in zip(x, v.mean(0))], fill=colour(obj, lines), width=5)
         ends.append((px(x[-1], v.mean(0)[-1])[1], f"{v.mean(0)[-1]:.3f}", colour(obj, lines)))
-    labels_right(draw, px, (0, steps), [(results["chance"].get(metric), "chance", GREY)], ends)
+    labels_right(draw, px, (0, steps), [(results["chance"].get(metric), "chance", GREY), (
+        (results.get("speed") or {}).get("level"), "halfway", GREY)], ends)
     return img
 
 
@@ -163,7 +170,7 @@ def lr_search(results):
     dashed(draw, px(shared, 0), (px(shared, 0)[0], box[1]))
     draw.text((px(shared, 0)[0] + 8, box[1]), "the seed grid's lr", font=font(22), fill=INK)
     for j, (obj, s) in enumerate(searches.items()):
-        shift, c = 10 ** (0.03 * (j - (len(searches) - 1) / 2)), colour(obj, searches)
+        shift, c = 10 ** (0.08 * (j - (len(searches) - 1) / 2)), colour(obj, searches)
         done = [px(lr * shift, v) for lr, v in zip(s["lrs"], s["scores"]) if isinstance(v, float)]
         draw.line(done, fill=c, width=4)
         for lr, v in zip(s["lrs"], s["scores"]):
