@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NEEDS_FAST_PATH, write_captions
+from conftest import NEEDS_FAST_PATH
 
 from minialign.data import Batch
 from minialign.model import ModelConfig, init_params
@@ -56,19 +56,6 @@ def test_step_flops_by_hand_reference():
     # = 10752 per block; its one grid (4, 4): 48 * 4 * 16 = 3072 per block; the pool (B2, n)
     # @ (n, D) and its backward: 2 * 2*4*12*4 = 768
     assert step_flops("good_views", "reference") == 2 * 10752 + 2 * 3072 + 768 + 256
-
-
-def test_replay_runs_every_product_and_peak_is_positive():
-    gemms = [bench.Gemm("a", 3, 2, 5, 4, 3), bench.Gemm("b", 1, 1, 7, 2, 6)]
-    rng = np.random.default_rng(0)
-    seconds = bench.replay(gemms, threads=2, repeats=3, rng=rng)
-    assert len(seconds) == 3 and all(s > 0 for s in seconds)
-    assert bench.peak_gflops(ModelConfig(**TINY), 1, rng, repeats=1) > 0
-
-
-@pytest.fixture(scope="module")
-def captions(tmp_path_factory):
-    return write_captions(tmp_path_factory.mktemp("captions") / "captions.json", n_photos=20)
 
 
 def test_bench_prints_each_objective_on_each_layer_set(captions, capsys):

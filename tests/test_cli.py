@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import POSIX_SIGNALS
+from conftest import POSIX_SIGNALS, write_captions
 
 from minialign import train
 from minialign.__main__ import main
@@ -32,8 +32,7 @@ def one_line(capsys):
 def test_a_bad_input_is_one_line_naming_it_before_anything_is_written(tmp_path, capsys,
                                                                       captions):
     (tmp_path / "bad.json").write_text("{not json")
-    (tmp_path / "few.json").write_text(json.dumps({"annotations": [
-        {"id": i, "image_id": i // 2, "caption": f"photo {i // 2} words {i}"} for i in range(20)]}))
+    write_captions(tmp_path / "few.json", n_photos=10)             # no split of 3 photos each
     out = tmp_path / "run"
     vocab = tmp_path / "no-vocab.txt"
     for given, extra, path in [(tmp_path / "none.json", [], tmp_path / "none.json"),

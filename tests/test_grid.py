@@ -14,26 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import POSIX_SIGNALS, write_captions
+from test_train import files
 
 from minialign.machinery import grid, runs
 from minialign.model import ModelConfig
 from minialign.train import TrainConfig
 
 TINY = ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=16, layers="reference")
-WORDS = ("a dog cat man woman red blue big small runs sits on the grass table street car "
-         "bike green tree house near with under").split()
-
-
-def write_captions(path, photos=40, seed=0):
-    """A COCO-style captions file: each photo 3-5 captions sharing two topic words."""
-    rng, annotations = np.random.default_rng(seed), []
-    for p in range(photos):
-        topic = list(rng.choice(WORDS, 2, replace=False))
-        for _ in range(3 + p % 3):
-            annotations.append({"id": len(annotations) + 1, "image_id": 100 + p,
-                                "caption": " ".join(topic + list(rng.choice(WORDS, 3)))})
-    path.write_text(json.dumps({"annotations": annotations}))
-    return path
 
 
 def tiny_protocol(captions, **changes):
@@ -42,11 +30,6 @@ def tiny_protocol(captions, **changes):
     fields = dict(base=base, objectives=("good_views", "bad_views", "next_token"), seeds=(0,),
                   lr_min=1e-3, lr_max=1e-2, lr_per_decade=1, max_extensions=1)
     return grid.Protocol(**{**fields, **changes})
-
-
-@pytest.fixture(scope="module")
-def captions(tmp_path_factory):
-    return write_captions(tmp_path_factory.mktemp("world") / "captions.json")
 
 
 # ---------------------------------------------------------------- the lr search, pure
@@ -166,7 +149,7 @@ def test_embeddings_are_checked_and_recorded(captions, tmp_path):
     ids = np.array(sorted({a["image_id"] for a in json.loads(captions.read_text())["annotations"]}))
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "some.npz", image_ids=ids[:-1], embeddings=rng.random((len(ids) - 1, 4)))
-    with pytest.raises(ValueError, match=r"some.npz: 1 of the 40 photos of .*captions.json"):
+    with pytest.raises(ValueError, match=r"some.npz: 1 of the 120 photos of .*captions.json"):
         grid.replicate(p, out, embeddings=tmp_path / "some.npz")
     assert not out.exists()                                       # checked before writing
     np.savez(tmp_path / "all.npz", image_ids=ids, embeddings=rng.random((len(ids), 4)))
@@ -220,16 +203,7 @@ def test_eta_times_each_objective_and_writes_nothing(captions, tmp_path, capsys)
 
 
 # ---------------------------------------------------------------- a tiny grid, end to end
-def logged(run_dir):
-    """log.jsonl without the per-step wall time, metrics.json's evaluations, caption files."""
-    rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-    metrics = runs.read_metrics(run_dir)
-    files = {p.name: p.read_bytes() for p in sorted((run_dir / "captions").glob("*.npz"))}
-    return ([{k: v for k, v in r.items() if k != "seconds"} for r in rows],
-            metrics["evals"], metrics["final"], files)
-
-
-@pytest.mark.skipif(os.name == "nt", reason="sends POSIX signals")
+@POSIX_SIGNALS
 def test_killed_grid_reruns_to_the_bits_of_runs_never_stopped(captions, tmp_path, monkeypatch,
                                                                capfd):
     p, out = tiny_protocol(captions), tmp_path / "out"
@@ -268,7 +242,7 @@ def test_killed_grid_reruns_to_the_bits_of_runs_never_stopped(captions, tmp_path
         cfg = grid.wanted_runs(p, out)[0][d.name]
         subprocess.run(grid.train_argv(cfg, reference), check=True, capture_output=True,
                        env={**os.environ, **{name: "1" for name in grid.THREAD_ENV}})
-        assert logged(d) == logged(reference)
+        assert files(d) == files(reference)
     again = grid.replicate(p, out, jobs=2)
     said = capfd.readouterr().out
     assert "[replicate] start" not in said and again["runs"] == result["runs"]
@@ -299,18 +273,12 @@ def test_a_run_stops_when_the_grid_process_is_killed(captions, tmp_path):
         pytest.fail("the run outlived the grid's process")
 
 
-def test_a_second_process_on_the_results_directory_is_refused(captions, tmp_path):
+def test_a_second_holder_of_the_results_directory_is_refused(captions, tmp_path):
+    """Another open file description holding the OS's lock, as another process would."""
     out = tmp_path / "out"
-    code = ("import sys, time; from minialign.machinery import runs; held = runs.lock(sys.argv[1]);"
-            " held.__enter__(); print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout.readline() == b"held\n"
-        with pytest.raises(runs.Locked, match=r"^\S*out: in use by another minialign process"):
-            grid.replicate(tiny_protocol(captions), out, jobs=1)
-    finally:
-        holder.kill()
-        holder.wait()
+    with runs.lock(out), pytest.raises(runs.Locked, match=r"^\S*out: in use by another "
+                                                          r"minialign process"):
+        grid.replicate(tiny_protocol(captions), out, jobs=1)
     assert sorted(p.name for p in out.iterdir()) == [".lock"]          # nothing written
 
 

@@ -109,21 +109,15 @@ def tie_inputs():
     return [grid, rng.standard_normal((30, 5)) + 2.0, np.repeat(grid[:8], 4, axis=0)]
 
 
-def knn_ties_high(x, k):          # ties go to the HIGHER index
-    return images.knn_mask(x[::-1], k)[::-1, ::-1]
-
-
-def knn_all_ties(x, k):           # every tie of the k-th value taken: more than k
-    sim = sim_no_self(x)
-    return sim >= -np.partition(-sim, k - 1, axis=1)[:, k - 1:k]
-
-
-def knn_argpartition(x, k):       # partition's own choice among ties
-    return as_mask(np.argpartition(-sim_no_self(x), k - 1, axis=1)[:, :k])
-
-
-def knn_with_self(x, k):          # a row is its own neighbour
-    return as_mask(np.argsort(-cosine_similarity(x, x), axis=1, kind="stable")[:, :k])
+KNN_MUTANTS = {   # what the fast set must not be
+    "ties to the higher index": lambda x, k: images.knn_mask(x[::-1], k)[::-1, ::-1],
+    "every tie of the k-th value: more than k": lambda x, k: sim_no_self(x) >= -np.partition(
+        -sim_no_self(x), k - 1, axis=1)[:, k - 1:k],
+    "argpartition's own choice among ties": lambda x, k: as_mask(np.argpartition(
+        -sim_no_self(x), k - 1, axis=1)[:, :k]),
+    "a row is its own neighbour": lambda x, k: as_mask(np.argsort(
+        -cosine_similarity(x, x), axis=1, kind="stable")[:, :k]),
+}
 
 
 def agrees(knn):
@@ -132,7 +126,7 @@ def agrees(knn):
 
 
 def test_knn_mask_is_the_set_of_knn_indices_with_ties_and_repeated_rows():
-    """The fast set is the reference's; the mutants below are what it must not be."""
+    """The fast set is the reference's; KNN_MUTANTS are what it must not be."""
     assert agrees(images.knn_mask)
     for x in tie_inputs():
         y = (x[:, ::-1] ** 2 + 1).astype(np.float32)
@@ -140,9 +134,9 @@ def test_knn_mask_is_the_set_of_knn_indices_with_ties_and_repeated_rows():
         assert images.mean_mutual_knn(np.arange(len(x)), [x], emb, "x", {}) == mutual_knn(x, y)
 
 
-@pytest.mark.parametrize("mutant", [knn_ties_high, knn_all_ties, knn_argpartition, knn_with_self])
-def test_knn_mutants_are_caught(mutant):
-    assert not agrees(mutant)
+@pytest.mark.parametrize("name", KNN_MUTANTS)
+def test_knn_mutants_are_caught(name):
+    assert not agrees(KNN_MUTANTS[name])
 
 
 # ---------------------------------------------------------------- score_split

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from gradcheck import check_layer, numerical_grad, rel_err
+from test_objectives import TINY as ONE_BLOCK, tiny_params
 
 from minialign import layers as L
 from minialign.model import ModelConfig, encode, encode_backward, init_params, param_count
@@ -16,21 +17,14 @@ MASK = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], bool) 
 RAGGED = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)  # one empty
 
 
-def weights(rng, D, scale=1.0):
-    return dict(w_qkv=scale * rng.standard_normal((D, 3 * D)), b_qkv=rng.standard_normal(3 * D),
+def weights(rng, D):
+    return dict(w_qkv=rng.standard_normal((D, 3 * D)), b_qkv=rng.standard_normal(3 * D),
                 w_o=rng.standard_normal((D, D)), b_o=rng.standard_normal(D))
 
 
-def test_linear_layernorm_gelu_embedding_lm_head_backward():
+def test_embedding_and_lm_head_backward():
+    """linear, layernorm, gelu and mha: tests/test_exercises.py, exercises 1, 4, 2 and 5."""
     rng = np.random.default_rng(0)
-    check_layer(L.linear_forward, L.linear_backward, dict(
-        x=rng.standard_normal((2, 3, 4)), w=rng.standard_normal((4, 5)),
-        b=rng.standard_normal(5)), (2, 3, 5), rng)
-    check_layer(L.layernorm_forward, L.layernorm_backward, dict(
-        x=rng.standard_normal((7, 5)) * [1, 3, 0.2, 2, 1] + 4, gamma=rng.standard_normal(5),
-        beta=rng.standard_normal(5)), (7, 5), rng)
-    check_layer(L.gelu_forward, L.gelu_backward, dict(x=3 * rng.standard_normal((3, 7))),
-                (3, 7), rng)
     check_layer(L.embedding_forward, L.embedding_backward, dict(
         ids=np.array([1, 2, 1, 5, 1, 0]), weight=rng.standard_normal((6, 4))), (6, 4), rng)
     check_layer(L.lm_head_forward, L.lm_head_backward, dict(
@@ -46,14 +40,6 @@ def test_layernorm_and_gelu_values_by_hand():
     # the tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     np.testing.assert_allclose(L.gelu_forward(np.array([1.0, 0.0, -1.0, -3.0]))[0],
                                [0.8411919906, 0.0, -0.1588080094, -0.0036373920], atol=1e-9)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_mha_backward(causal):
-    rng = np.random.default_rng(1)
-    inputs = dict(x=rng.standard_normal((4, 4, 6)), **weights(rng, 6, 0.5),
-                  bias=L.attention_bias(MASK, causal, np.float64), n_heads=2)
-    check_layer(L.mha_forward, L.mha_backward, inputs, (4, 4, 6), rng)
 
 
 def loop_attention(x, w_qkv, b_qkv, w_o, b_o, mask, causal, H):
@@ -133,8 +119,6 @@ def test_every_layer_keeps_the_dtype_and_writes_into_no_input(dtype):
 
 
 # ---------------------------------------------------------------- the encoder (model.py)
-ONE_BLOCK = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=1, n_heads=2, mlp_ratio=2,
-                        layers="reference", dtype="float64")
 LENGTHS = (6, 2, 8, 1, 4)               # ragged; a 2-token (BOS, EOS) and a 1-token caption
 
 
@@ -144,17 +128,12 @@ def ragged_tokens(rng, lengths=LENGTHS, T=8):
     return tokens
 
 
-def float64_params(cfg, rng):
-    """float64 weights with gains, shifts and biases moved off 1 / 0."""
-    return {k: p + 0.1 * rng.standard_normal(p.shape) for k, p in init_params(cfg, rng).items()}
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_dhf", [False, True])
 def test_encode_backward_against_finite_differences(causal, with_dhf):
     """Every parameter's gradient of sum(z * dz) (+ sum(hf * dhf), as the next-token head adds)."""
     rng = np.random.default_rng(6)
-    params, tokens = float64_params(ONE_BLOCK, rng), ragged_tokens(rng)
+    params, tokens = tiny_params(ONE_BLOCK, 6), ragged_tokens(rng)
     dz = rng.standard_normal((len(LENGTHS), 8))
     dhf = rng.standard_normal((sum(LENGTHS), 8)) if with_dhf else None
 
@@ -172,7 +151,7 @@ def test_encode_backward_against_finite_differences(causal, with_dhf):
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_caption_is_encoded_alone_whatever_its_batch_and_padding(causal):
     rng = np.random.default_rng(7)
-    params, tokens = float64_params(ONE_BLOCK, rng), ragged_tokens(rng)
+    params, tokens = tiny_params(ONE_BLOCK, 7), ragged_tokens(rng)
     z, hf, _ = encode(params, tokens, ONE_BLOCK, causal)
     for b, length in enumerate(LENGTHS):
         z_alone, hf_alone, _ = encode(params, tokens[b:b + 1, :length], ONE_BLOCK, causal)
@@ -190,7 +169,7 @@ def test_encode_without_blocks_by_hand():
     """No block: z is the mean over a caption's tokens of LayerNorm(tok_emb[token] + pos_emb[t]),
     t = 0, 1, ... its position."""
     rng = np.random.default_rng(8)
-    params, tokens = float64_params(ONE_BLOCK, rng), ragged_tokens(rng)   # blocks unread
+    params, tokens = tiny_params(ONE_BLOCK, 8), ragged_tokens(rng)   # blocks unread
     z, _, _ = encode(params, tokens, dataclasses.replace(ONE_BLOCK, n_layers=0))
     for b, n in enumerate(LENGTHS):
         h = params["tok_emb"][tokens[b, :n]] + params["pos_emb"][:n]

@@ -20,15 +20,12 @@ def on_circle(degrees):
     return np.stack([np.cos(t), np.sin(t)], axis=1)
 
 
-def test_recall_at_k_with_ties_by_hand():
-    sim = np.array([[0.9, 0.9, 0.1, 0.0],    # tie with j=1 > 0: rank 0
-                    [0.5, 0.5, 0.2, 0.7],    # j=3 higher, j=0 tied and lower: rank 2
-                    [0.3, 0.1, 0.3, 0.3],    # j=0 tied lower counts, j=3 tied higher not: 1
-                    [0.8, 0.9, 0.95, 0.1]])  # three higher: rank 3
-    assert recall_at_k(sim, ks=(1, 2, 3, 4)) == {"R@1": 0.25, "R@2": 0.5, "R@3": 0.75, "R@4": 1.0}
-    assert recall_at_k(sim.astype(np.float32), ks=(2,)) == {"R@2": 0.5}
+def test_recall_at_k_rectangular_float32_and_errors():
+    """Ties by hand and against a loop: tests/test_exercises.py, exercise 12."""
     rect = np.array([[0.2, 0.1, 0.3], [0.0, 0.5, 0.4]])       # 2 queries, 3 items: ranks 1, 0
     assert recall_at_k(rect, ks=(1, 2)) == {"R@1": 0.5, "R@2": 1.0}
+    tied = np.array([[0.9, 0.9], [0.5, 0.5]], np.float32)      # ranks 0, 1: to the lower index
+    assert recall_at_k(tied, ks=(1,)) == {"R@1": 0.5}
     for bad, ks in [(rect.T, (1,)), (rect, (0,)), (rect, (1.5,)), (np.full((2, 2), np.nan), (1,))]:
         with pytest.raises(ValueError):
             recall_at_k(bad, ks)
@@ -92,15 +89,13 @@ def test_mutual_knn_of_unrelated_rows_is_chance():
     assert abs(mutual_knn(a, a[rng.permutation(n)], k) - k / (n - 1)) < 5 / np.sqrt(n * (n - 1))
 
 
-def test_fit_rotation_recovers_a_map_even_from_rank_deficient_text():
+def test_fit_rotation_recovers_a_map_from_fewer_rows_than_dimensions():
+    """Against the polar factor, a reflection, rank-deficient text: exercise 14's tests."""
     rng = np.random.default_rng(2)
-    w_true = semi_orthogonal(rng, 6, 9)
-    full = rng.standard_normal((40, 6)) + 2.0
-    for z in (full, full * [1, 1, 1, 1, 0, 0], full[:3]):      # rank 6, rank 4, N = 3 < D
-        w = fit_rotation(z, z @ w_true)
-        np.testing.assert_allclose(w @ w.T, np.eye(6), atol=1e-12)
-        np.testing.assert_allclose(z @ w, z @ w_true, atol=1e-10)
-    np.testing.assert_allclose(fit_rotation(full, full @ w_true), w_true, atol=1e-10)
+    w_true, z = semi_orthogonal(rng, 6, 9), rng.standard_normal((3, 6)) + 2.0   # N = 3 < D
+    w = fit_rotation(z, z @ w_true)
+    np.testing.assert_allclose(w @ w.T, np.eye(6), atol=1e-12)
+    np.testing.assert_allclose(z @ w, z @ w_true, atol=1e-10)
     with pytest.raises(ValueError):
         fit_rotation(rng.standard_normal((30, 9)), rng.standard_normal((30, 6)))
 

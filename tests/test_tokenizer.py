@@ -10,8 +10,7 @@ from conftest import BERT_VOCAB, shared
 
 from minialign.tokenizer import (BOS, EOS, MASK, PAD, SPECIALS, UNK, Tokenizer, build_tokenizer,
                                  clean_caption, pad_batch, split_words)
-from minialign.wordpiece import (MAX_WORD_CHARS, WordPieceTokenizer, basic_tokenize, read_vocab,
-                                 word_pieces)
+from minialign.wordpiece import MAX_WORD_CHARS, basic_tokenize, read_vocab, word_pieces
 from minialign.wordpiece import SPECIALS as BERT_SPECIALS
 
 CORPUS = ["a dog runs.", "a cat, a dog.", "the dog's ball"]
