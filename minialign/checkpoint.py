@@ -106,6 +106,8 @@ def begin(out, saved, params, state, rngs, resume):
     """(first step, seconds trained, metrics): from checkpoint.npz if resuming (params, state,
     rngs restored in place, the log and caption files cut back to its step), else from step 0
     (an earlier attempt's files removed, config.json written)."""
+    for path in [*out.glob(".*.tmp"), *out.glob("captions/.*.tmp")]:   # a killed write's
+        path.unlink()
     if resume and (out / "checkpoint.npz").is_file():
         with np.load(out / "checkpoint.npz") as f:
             meta = json.loads(str(f["meta"]))

@@ -28,11 +28,11 @@ def config(captions, **changes):
 
 def files(run):
     """A run's files' bytes; of those with wall times: the log less "seconds", the evaluations,
-    the checkpoint's arrays, step, Adam t and streams. Not the temporary of an atomic write
-    that kill -9 cut short (resume never reads it)."""
+    the checkpoint's arrays, step, Adam t and streams. A write kill -9 cut short leaves no
+    temporary file behind once resumed."""
     timed = (".lock", "checkpoint.npz", "log.jsonl", "metrics.json")
     out = {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-           if p.is_file() and p.name not in timed and not p.name.endswith(".tmp")}
+           if p.is_file() and p.name not in timed}
     rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     out["log"] = [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
     metrics = runs.read_metrics(run)
