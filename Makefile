@@ -11,7 +11,8 @@ DTYPE      ?= float32
 IMAGE_EVAL ?= on
 OBJECTIVE  ?= good_views
 SEED       ?= 0
-SUFFIX      = $(if $(VARIANT),-$(VARIANT))$(if $(filter reference,$(LAYERS)),-reference)$(if $(filter float64,$(DTYPE)),-float64)
+DATA        = $(if $(filter-out file,$(origin SUBSET)),-$(basename $(notdir $(SUBSET))))
+SUFFIX      = $(DATA)$(if $(VARIANT),-$(VARIANT))$(if $(filter reference,$(LAYERS)),-reference)$(if $(filter float64,$(DTYPE)),-float64)
 OBJECTIVES  = $(foreach o,good_views bad_views next_token,$(o)$(if $(VARIANT),_$(VARIANT)))
 COMMON      = --layers $(LAYERS) --dtype $(DTYPE) --objectives $(OBJECTIVES) $(if $(JOBS),--jobs $(JOBS))
 IMAGES      = $(if $(filter on,$(IMAGE_EVAL)),--embeddings $(1))
@@ -22,7 +23,7 @@ QUICK_CAPTIONS ?= $(firstword $(wildcard $(SUBSET) coco/annotations/captions_val
 QUICK_VOCAB    ?= $(firstword $(wildcard $(VOCAB) $(SHARED)/tokenizers/bert-base-uncased-vocab.txt))
 QUICK_CHECK     = $(if $(QUICK_CAPTIONS),,$(error no captions file: `make data`, or COCO's captions_val2017.json in coco/annotations/))
 QUICK_EMB       = $(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),$(EMBEDDINGS),embeddings/coco_val2017_dinov2-base.npz)
-QUICK_ARGS      = $(QUICK_CHECK)--captions $(QUICK_CAPTIONS) --out results/coco-quick$(SUFFIX) --seeds 0 \
+QUICK_ARGS      = $(QUICK_CHECK)--captions $(QUICK_CAPTIONS) --out results/coco-quick$(if $(filter $(SUBSET),$(QUICK_CAPTIONS)),,-val2017)$(SUFFIX) --seeds 0 \
 	--steps 200 --batch-photos 128 --warmup-steps 20 --eval-every 50 --lr-per-decade 0 \
 	$(if $(QUICK_VOCAB),--tokenizer wordpiece --vocab $(QUICK_VOCAB)) $(call HAVE,$(QUICK_EMB)) $(COMMON)
 FULL_ARGS = --captions $(SUBSET) --out results/coco$(SUFFIX) $(WORDPIECE) $(call IMAGES,$(EMBEDDINGS)) $(COMMON)

@@ -74,11 +74,16 @@ def record(metrics, entry, out):
 
 
 def check_run_dir(out, saved, resume, force):
-    """Refuse, before anything is written, another run's config or a diverged run (resume), a
-    directory not empty (neither resume nor force). Returns a finished run's metrics, else None."""
-    if resume and (out / "config.json").is_file():
-        first = first_difference(json.loads((out / "config.json").read_text()), saved)
-        if first:
+    """Refuse, before anything is written, a run of other captions (unless force), of another
+    config or diverged (resume), a directory not empty (neither resume nor force). Returns a
+    finished run's metrics, else None."""
+    old = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else {}
+    if old and not force and old["info"]["captions_sha256"] != saved["info"]["captions_sha256"]:
+        raise ValueError(f"{out}: holds a run of other captions ({old['config']['captions']}; "
+                         f"now {saved['config']['captions']}, whose bytes differ); pick another "
+                         f"--out or pass --force")
+    if resume and old:
+        if first := first_difference(old, saved):
             raise ValueError(f"{out / 'config.json'}: a run of another config ({first}); "
                              f"pick another directory or pass --force")
         if (out / "diverged.json").is_file():

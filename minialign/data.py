@@ -2,14 +2,13 @@
 
 A "good views" pair is two different human captions of the same photo, so everything here
 is organised by photo: photos are split (never captions), and a batch draws B distinct photos
-and two distinct captions of each.
-"""
-import json
+and two distinct captions of each."""
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .caption_files import read_rows
 from .tokenizer import MAX_LEN, Tokenizer, clean_caption, pad_batch
 
 SPLIT_SEED = 20170  # the photo split's seed, independent of any training seed
@@ -40,23 +39,15 @@ class Captions:
 
 
 def load_captions(path):
-    """Read a COCO captions JSON ({"annotations": [{"image_id", "id", "caption"}, ...]}) into
-    Captions: captions in annotation-id order, cleaned (tokenizer.clean_caption); those with no
-    letter or digit and repeats within a photo dropped; photos left with < 2 kept out.
-    Raises FileNotFoundError / ValueError, one line starting with the path."""
+    """A captions file (COCO JSON, JSON Lines or CSV: caption_files.py) -> Captions, in file
+    order, cleaned (clean_caption); those with no letter or digit and repeats within a photo
+    dropped, then photos left with < 2. FileNotFoundError / ValueError: one line, path first."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such captions file")
-    try:
-        annotations = json.loads(path.read_text(encoding="utf-8-sig"))["annotations"]
-        rows = sorted((int(a["id"]), int(a["image_id"]), clean_caption(a["caption"]))
-                      for a in annotations)
-    except (ValueError, KeyError, TypeError) as err:              # JSON and decoding too
-        raise ValueError(f"{path}: not a COCO captions JSON file "
-                         f"({type(err).__name__}: {err})") from None
     by_photo = {}
-    for _, photo, caption in rows:
-        kept = by_photo.setdefault(photo, [])
+    for photo, caption in read_rows(path):
+        kept, caption = by_photo.setdefault(photo, []), clean_caption(caption)
         if any(ch.isalnum() for ch in caption) and caption not in kept:
             kept.append(caption)
     ids = sorted(p for p, kept in by_photo.items() if len(kept) >= 2)

@@ -40,7 +40,7 @@ def test_a_bad_input_is_one_line_naming_it_before_anything_is_written(tmp_path, 
                                (tmp_path / "few.json", [], tmp_path / "few.json"),
                                (captions, ["--tokenizer", "wordpiece", "--vocab", vocab], vocab)]:
         assert train_cli(given, out, *map(str, extra)) == 2
-        assert one_line(capsys).startswith(f"minialign train: error: {path}: ")
+        assert one_line(capsys).startswith(f"minialign train: error: {path}:")  # :line: too
         assert not out.exists()
     for extra, message in [(["--resume", "--force"], "pass --resume or --force, not both"),
                            (["--d-model", "30", "--n-heads", "4"], "--d-model 30 is not "

@@ -1,5 +1,6 @@
 """Captions -> split -> tables -> batches (data.py): the loader and its one-line errors, the split
 by photo, the sampler's pairs; the real val2017 file (../shared) pinned where it matters."""
+import csv
 import json
 
 import numpy as np
@@ -18,30 +19,76 @@ def test_load_captions_exactly(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"annotations": [
         ann(30, 1, "A dog  runs. "), ann(10, 1, "A brown dog\nplays."), ann(20, 1, "a dog runs."),
-        *[ann(46 - k, 2, f"Photo two, caption {6 - k}") for k in range(7)],   # ids reversed
-        ann(50, 3, "A cat."), ann(51, 3, "a cat. "), ann(52, 3, "   "),       # 1 distinct left
-        ann(70, 4, ""), ann(71, 4, "A Caf\u0065\u0301 \u2019red\u2019"), ann(73, 4, " - "),
-        ann(72, 4, "A car that is red "), ann(60, 9, "A bird."), ann(61, 9, "Two birds.")]}))
+        *[ann(46 - k, 2, f"Photo two, caption {k}") for k in range(7)],   # ids reversed
+        ann(50, 3, "A cat."), ann(51, 3, "a cat. "), ann(52, 3, " . "),       # 1 distinct left
+        ann(71, 4, "A Caf\u0065\u0301 \u2019red\u2019"), ann(73, 4, " - "),
+        ann(72, 4, "A car that is red "), ann(60, 9, "A bird."), {"image_id": 9, "caption": "x"}]}))
     caps = load_captions(path)
     assert caps.path == str(path)
     assert caps.image_ids.dtype == np.int64 and caps.image_ids.tolist() == [1, 2, 4, 9]
-    assert caps.captions == (("a brown dog plays.", "a dog runs."),       # annotation-id order
+    assert caps.captions == (("a dog runs.", "a brown dog plays."),        # file order, not ids
                              tuple(f"photo two, caption {k}" for k in range(7)),
-                             ("a caf\u00e9 'red'", "a car that is red"), ("a bird.", "two birds."))
+                             ("a caf\u00e9 'red'", "a car that is red"), ("a bird.", "x"))
 
 
-@pytest.mark.parametrize("content", [
-    "{not json", "[1, 2]", '{"images": []}', '{"annotations": [{"id": 1, "caption": "a"}]}',
-    json.dumps({"annotations": [ann(1, 1, 5), ann(2, 1, "a dog")]}),
-    json.dumps({"annotations": [ann(1, 1, "a dog"), ann(2, 1, "A dog "), ann(3, 2, "x")]}),
-    json.dumps({"annotations": [ann(1, 1, "caf\u00e9 au lait"), ann(2, 1, "a caf\u00e9")]},
-               ensure_ascii=False)])
-def test_a_bad_captions_file_is_one_line_naming_it(tmp_path, content):
-    path = tmp_path / "bad.json"
+ROWS = [(100 + p // 3, f'Photo {p // 3}, caption {p % 3}: a "dog" at the caf\u00e9')
+        for p in range(60)]
+
+
+def test_coco_json_csv_and_jsonl_give_the_same_tables(tmp_path):
+    coco = tmp_path / "c.json"                          # no annotation ids: file order
+    coco.write_text(json.dumps({"annotations": [{"image_id": i, "caption": c} for i, c in ROWS]}))
+    lines = [json.dumps({"caption": c, "image_id": str(i)}, ensure_ascii=False) for i, c in ROWS]
+    (tmp_path / "c.jsonl").write_text("\ufeff" + "\n\n".join(lines) + "\n", encoding="utf-8")
+    with open(tmp_path / "c.csv", "w", encoding="utf-8-sig", newline="") as f:  # BOM, \r\n
+        f.write("file,caption,image_id\r\n\r\n")
+        csv.writer(f).writerows((f"{i}.jpg", c, i) for i, c in ROWS)      # "a, ""dog""" quoted
+    loaded = [load_captions(tmp_path / name) for name in ("c.json", "c.jsonl", "c.csv")]
+    assert all(c.captions == loaded[0].captions and np.array_equal(c.image_ids, loaded[0].image_ids)
+               for c in loaded) and len(loaded[0].image_ids) == 20
+    assert loaded[0].captions[0][1] == 'photo 0, caption 1: a "dog" at the caf\u00e9'
+    tok = build_tokenizer([c for cs in loaded[0].captions for c in cs])
+    tables = [tokenize_photos(c, split_photos(c.image_ids)["train"], tok)[0] for c in loaded]
+    for t in tables[1:]:
+        assert all(np.array_equal(getattr(t, k), getattr(tables[0], k))
+                   for k in ("photo_idx", "tokens", "lengths", "offsets", "counts"))
+
+
+@pytest.mark.parametrize("name, content, error", [
+    ("c.csv", "image_id,caption\n1,a dog\n2\n", ":3: expected 2 columns (image_id,caption), got 1"),
+    ("c.csv", "image_id,caption\n1,a dog, brown\n", ":2: expected 2 columns (image_id,caption), "
+     "got 3 (a caption with a comma goes in quotes)"),
+    ("c.csv", 'image_id,caption\n1,"a\ndog"\n\n1.5,b\n', ":5: expected an image_id of digits, "
+     "got '1.5'"),
+    ("c.csv", "\ufeffimage_id,caption\r\n1,a dog\r\n2,\r\n", ":3: expected a caption, got ''"),
+    ("c.csv", "photo,text\n1,a\n", ":1: expected a header naming the columns image_id and "
+     "caption, got 'photo,text'"),
+    ("c.csv", 'image_id,caption\n1,"a dog\n2,b\n', ":3: expected CSV (unexpected end of data)"),
+    ("c.jsonl", '{"image_id": 1, "caption": "a"}\n\n{"image_id": 2}\n',
+     ":3: expected a caption, got None"),
+    ("c.jsonl", '\ufeff{"image_id": "1", "caption": "a"}\n{"image_id": "x1", "caption": "b"}',
+     ":2: expected an image_id of digits, got 'x1'"),
+    ("c.jsonl", '{"image_id": true, "caption": "a"}', ":1: expected an image_id of digits, "
+     "got True"),
+    ("c.jsonl", '{"image_id": 1, "caption": " "}', ":1: expected a caption, got ' '"),
+    ("c.jsonl", '\n{"image_id": 1 "caption": "a"}', ":2: expected JSON (Expecting ',' delimiter "
+     "at column 16)"),
+    ("c.jsonl", "[1, 2]", ':1: expected {"image_id": 139, "caption": "A dog runs."}, got [1, 2]'),
+    ("c.json", '{"annotations":\n [1,,]}', ":2: expected JSON (Expecting value at column 5)"),
+    ("c.json", '{"images": []}', ': expected COCO\'s {"annotations": [{"image_id": 139, '
+     '"caption": "A dog runs."}, ...]}'),
+    ("c.json", json.dumps({"annotations": [ann(1, 1, "a"), {"id": 2, "caption": "b"}]}),
+     ": annotations[1]: expected an image_id of digits, got None"),
+    ("c.json", '{"annotations": [{"image_id": 1, "caption": "caf\u00e9"}]}', ": expected UTF-8 "
+     "text ('utf-8' codec can't decode byte 0xe9 in position 48: invalid continuation byte)"),
+    ("c.txt", "image_id,caption\n1,a\n", ": expected a captions file ending in .json (COCO), "
+     ".jsonl or .csv")])
+def test_a_bad_captions_file_is_one_line_naming_it(tmp_path, name, content, error):
+    path = tmp_path / name
     path.write_bytes(content.encode("cp1252" if "\u00e9" in content else "utf-8"))  # Latin-1
     with pytest.raises(ValueError) as err:
         load_captions(path)
-    assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
+    assert str(err.value) == f"{path}{error}"
     with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'none.json'}: "):
         load_captions(tmp_path / "none.json")
 

@@ -135,9 +135,12 @@ def test_other_settings_are_refused_naming_the_first_that_differs(captions, tmp_
     with pytest.raises(ValueError, match=r"seeds: \[0\] -> \[0, 1\]"):
         grid.check_inputs(dataclasses.replace(p, seeds=(0, 1)), out)
     other = write_captions(tmp_path / "other.json", seed=1)
-    with pytest.raises(ValueError, match="captions_sha256"):
-        grid.check_inputs(dataclasses.replace(p, base=dataclasses.replace(
+    with pytest.raises(ValueError) as err:                        # a second dataset, one --out
+        grid.replicate(dataclasses.replace(p, base=dataclasses.replace(
             p.base, captions=str(other))), out)
+    assert str(err.value) == (f"{out}: holds runs of other captions ({captions}; now {other}, "
+                              f"whose bytes differ); choose another --out")
+    assert grid.load_protocol(out) == p                           # nothing written
     copy = tmp_path / "copy.json"                                 # same bytes, other spelling
     copy.write_bytes(Path(captions).read_bytes())
     grid.check_inputs(dataclasses.replace(p, base=dataclasses.replace(

@@ -89,6 +89,13 @@ def test_refusals_before_anything_is_written(whole, captions, tmp_path):
         train(dataclasses.replace(cfg, lr=2e-3), tmp_path / "cut", resume=True, progress=False)
     with pytest.raises(FileExistsError, match=rf"^{tmp_path / 'cut'}: not empty"):
         train(cfg, tmp_path / "cut", progress=False)
+    other = write_captions(tmp_path / "other.json", seed=1)       # a second dataset, one --out
+    for resume in (False, True):
+        with pytest.raises(ValueError) as err:
+            train(dataclasses.replace(cfg, captions=str(other)), tmp_path / "cut", resume=resume)
+        assert str(err.value) == (f"{tmp_path / 'cut'}: holds a run of other captions ({captions};"
+                                  f" now {other}, whose bytes differ); pick another --out or pass "
+                                  f"--force")
     assert files(tmp_path / "cut") == before
     with pytest.raises(ValueError, match="another config"):          # finished, too
         train(dataclasses.replace(cfg, lr=2e-3), reference, resume=True, progress=False)

@@ -77,7 +77,7 @@ def cmd_train(p):
     from .runs import cores
     from .variants import OBJECTIVES        # the three, and the named variants
     p.add_argument("--objective", choices=list(OBJECTIVES), default="good_views")
-    p.add_argument("--captions", required=True, help="a COCO captions JSON file")
+    p.add_argument("--captions", required=True, help="captions: .csv, .jsonl or COCO .json")
     p.add_argument("--out", required=True, help="the run directory")
     add_config_flags(p, skip=("objective", "captions"))
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -192,7 +192,7 @@ def cmd_grade(p):
 
 def cmd_replicate(p, sweep=False):
     from . import grid
-    p.add_argument("--captions", required=True, help="a COCO captions JSON file")
+    p.add_argument("--captions", required=True, help="captions: .csv, .jsonl or COCO .json")
     p.add_argument("--out", required=True, help="the results directory")
     p.add_argument("--embeddings", help="the image embeddings .npz (none: text side only)")
     p.add_argument("--objectives", nargs="+", default=grid.OBJECTIVES, metavar="NAME")

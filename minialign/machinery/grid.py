@@ -259,6 +259,10 @@ def check_inputs(protocol, out, embeddings=None):
     data = prepare(cfg)
     if path.is_file() and any(Path(out).glob("runs/*/config.json")):
         saved = {k: v for k, v in runs.read_json(path).items() if k != "embeddings"}
+        if saved["captions_sha256"] != protocol_json(protocol)["captions_sha256"]:
+            raise ValueError(f"{out}: holds runs of other captions ({saved['base']['captions']}; "
+                             f"now {protocol.base.captions}, whose bytes differ); choose another "
+                             f"--out")
         if first := first_difference(saved, protocol_json(protocol)):
             raise ValueError(f"{path}: holds runs of other settings ("
                              f"{first.removeprefix('base.')}); rerun with the saved settings "
