@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import write_captions
 
 from minialign.checkpoint import Diverged
 from minialign.data import load_captions, sample_batch
