@@ -88,7 +88,10 @@ def main(scratch):
         for limit, value in ((resource.RLIMIT_AS, MEMORY), (resource.RLIMIT_FSIZE, FILE_SIZE),
                              (resource.RLIMIT_CPU, job["cpu_seconds"]),
                              (resource.RLIMIT_NPROC, 0)):      # starts no process (not as root)
-            resource.setrlimit(limit, (value, value))
+            try:
+                resource.setrlimit(limit, (value, value))
+            except (ValueError, OSError):        # a limit this OS does not offer (macOS: AS)
+                pass
     if sys.platform.startswith("linux"):
         landlock([job["copy"], *job["readable"]], [scratch])
     sys.path.insert(0, job["copy"])
