@@ -6,11 +6,10 @@ the whole grid on a tiny world). No timing is asserted: a speed is what the tool
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NEEDS_FAST_PATH
+from conftest import NEEDS_FAST_PATH, ROOT
 
 from minialign.data import Batch
 from minialign.model import ModelConfig, init_params
@@ -18,7 +17,6 @@ from minialign.objectives import OBJECTIVES
 from minialign.tokenizer import BOS, EOS, PAD
 from minialign.train import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
 import ablations  # noqa: E402
 import bench  # noqa: E402

@@ -7,16 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import NEEDS_SOLUTIONS, ROOT
 
 from minialign.machinery import course
 
-ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = course.list_exercises(ROOT)
 ALL = [e.number for e in EXERCISES]
 CORE = {"minialign/layers.py", "minialign/losses.py", "minialign/objectives.py",
         "minialign/optim.py", "minialign/metrics.py"}
-needs_solutions = pytest.mark.skipif(not (ROOT / course.FAST).is_file(),
-                                     reason="a student copy holds no solutions")
 
 
 def copied_files():
@@ -87,7 +85,7 @@ def test_the_copy_is_the_repository_with_only_the_bodies_blanked(blank):
     assert (blank / course.STUDENT_FILE).read_text() == "ada\n"
 
 
-@needs_solutions
+@NEEDS_SOLUTIONS
 def test_restore_puts_the_bodies_back_byte_for_byte(tmp_path):
     copy = tmp_path / "copy"
     course.write_copy(copy)
@@ -142,7 +140,7 @@ def test_the_check_says_not_started_on_the_blank_copy_and_passed_on_the_solved_o
 
 
 # ---------------------------------------------------------------- the grader's worth
-@needs_solutions
+@NEEDS_SOLUTIONS
 def test_the_class_grader_fails_every_mutant_and_passes_the_reference(tmp_path):
     """STYLE.md section 12: tests/mutants.py's plausible wrong bodies, in copies graded by one
     grade_class; an exercise that holds a mutant is never "passed", and the reference passes."""
