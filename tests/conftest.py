@@ -75,7 +75,7 @@ def captions(tmp_path_factory):
 
 @pytest.fixture
 def server():
-    """A local HTTP server (tests/localhttp.py: .files, .url, .requests, .max_active, .delay)."""
+    """A local HTTP server (tests/localhttp.py: .files, .url, .requests, .redirects)."""
     from localhttp import serve
     with serve() as srv:
         yield srv
