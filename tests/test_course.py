@@ -37,7 +37,6 @@ def solved(tmp_path_factory):
     return out
 
 
-# ---------------------------------------------------------------- the markers
 def test_fourteen_exercises_in_the_core_each_with_its_pytest_marker():
     assert ALL == list(range(1, 15)) and {e.path for e in EXERCISES} == CORE
     markers = re.findall(r'"exercise(\d+): ([^"(]+?)(?: \(needs [\d, ]+\))?"',
@@ -69,7 +68,6 @@ def test_blank_and_splice_keep_every_other_byte():
     assert course.splice(stub, text, "m.py", numbers=[]) == stub
 
 
-# ---------------------------------------------------------------- the student copy
 def test_the_copy_is_the_repository_with_only_the_bodies_blanked(blank):
     for rel in copied_files():
         original = (ROOT / rel).read_bytes()
@@ -126,7 +124,6 @@ def test_the_solved_copy_encodes_with_the_reference_layers(solved):
     assert Path(run.stdout.strip()) == solved / "minialign" / "model.py"
 
 
-# ---------------------------------------------------------------- the student's check
 def test_the_check_says_not_started_on_the_blank_copy_and_passed_on_the_solved_one(
         solved, blank, capfd):
     assert course.check(blank) == 1
@@ -139,7 +136,6 @@ def test_the_check_says_not_started_on_the_blank_copy_and_passed_on_the_solved_o
     assert all(r.endswith("passed") for r in rows), rows
 
 
-# ---------------------------------------------------------------- the grader's worth
 @NEEDS_SOLUTIONS
 def test_the_class_grader_fails_every_mutant_and_passes_the_reference(tmp_path):
     """STYLE.md section 12: tests/mutants.py's plausible wrong bodies, in copies graded by one

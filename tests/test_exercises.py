@@ -85,7 +85,6 @@ def untouched(**inputs):
             f"{name} was written to: never modify an input (compute into a new array)"
 
 
-# ---------------------------------------------------------------- 1. linear backward
 @pytest.mark.exercise1
 @pytest.mark.parametrize("shape", [(5, 4), (2, 3, 4)])        # rows, and a (B, T, D_in) batch
 def test_linear_backward(shape):
@@ -96,7 +95,6 @@ def test_linear_backward(shape):
                      b=rng.standard_normal(3)), rng)
 
 
-# ---------------------------------------------------------------- 2. GELU backward
 @pytest.mark.exercise2
 def test_gelu_backward():
     rng = np.random.default_rng(2)
@@ -108,7 +106,6 @@ def test_gelu_backward():
           [0.5, 1.0, 0.0], VALUE_TOL)
 
 
-# ---------------------------------------------------------------- 3. mean pooling
 @pytest.mark.exercise3
 def test_mean_pool_float32_against_a_loop():
     """Rows of a sequence scattered, sequences of 2, 1 and 4 rows, empty ones in the middle
@@ -127,7 +124,6 @@ def test_mean_pool_float32_against_a_loop():
                                          dh=np.repeat(1.0 / n_b[:, None], 3, axis=1)))
 
 
-# ---------------------------------------------------------------- 4. LayerNorm backward
 @pytest.mark.exercise4
 @pytest.mark.parametrize("shape", [(4, 5), (2, 3, 5)])
 def test_layernorm_backward(shape):
@@ -138,7 +134,6 @@ def test_layernorm_backward(shape):
                 dict(x=x, gamma=rng.standard_normal(5), beta=rng.standard_normal(5)), rng)
 
 
-# ---------------------------------------------------------------- 5. attention backward
 @pytest.mark.exercise5
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_backward(causal):
@@ -153,7 +148,6 @@ def test_attention_backward(causal):
         n_heads=H), rng)
 
 
-# ---------------------------------------------------------------- 6. VICReg variance term
 @pytest.mark.exercise6
 def test_variance_term_on_both_sides_of_the_hinge():
     # N = 3 rows, non-zero means. dim 0: 10, 11, 12: unbiased variance 1, std sqrt(1.0001) > 1:
@@ -188,7 +182,6 @@ def test_variance_term_against_np_std(dtype, tol):
     close("v", v, hinges(), tol)
 
 
-# ---------------------------------------------------------------- 7. VICReg covariance term
 @pytest.mark.exercise7
 def test_covariance_term_by_hand_with_non_zero_means():
     # column means 2, 4, 5 -> zc = [[-1, -2, 2], [2, -2, -1], [-1, 4, -1]]; C = zc^T zc / 2:
@@ -234,7 +227,6 @@ def test_whole_vicreg_loss_finite_differences():
     close("dz_b", dz_b, numerical_grad(loss, z_b), GRAD_TOL)
 
 
-# ---------------------------------------------------------------- 8. cross-entropy
 @pytest.mark.exercise8
 def test_cross_entropy_by_hand():
     logits = np.array([[0.0, 0.0, np.log(2.0)], [1.0, 1.0, 1.0]])
@@ -270,7 +262,6 @@ def test_cross_entropy_on_logits_far_apart(dtype):
     assert stats == {"ce": loss, "targets": 3}
 
 
-# ---------------------------------------------------------------- 9. AdamW step
 def adamw_by_hand(p, gs, decay, lr, wd, b1, b2, eps):
     """Loshchilov & Hutter 2019, Algorithm 2, over the gradients gs, in float64."""
     p, m, v = np.array(p, np.float64), 0.0, 0.0
@@ -310,7 +301,6 @@ def test_adamw_three_steps_against_the_algorithm(dtype, tol):
                                                 name == "blocks.0.mlp.w_in", **options), tol)
 
 
-# ---------------------------------------------------------------- 10. masking words
 @pytest.mark.exercise10
 @pytest.mark.parametrize("rate", [0.25, 0.7, 0.999])
 def test_mask_words_against_a_loop(rate):
@@ -336,7 +326,6 @@ def test_mask_words_against_a_loop(rate):
     np.testing.assert_array_equal(got, expected)
 
 
-# ---------------------------------------------------------------- 11. next-token targets
 @pytest.mark.exercise11
 def test_next_token_targets_with_unk_an_empty_caption_and_a_full_row():
     """UNK is a word to predict; a caption without words has one target, EOS; a full row (no
@@ -352,7 +341,6 @@ def test_next_token_targets_with_unk_an_empty_caption_and_a_full_row():
     np.testing.assert_array_equal(targets[has_target], [7, UNK, 8, EOS, EOS, UNK, 9, 9, 10, EOS])
 
 
-# ---------------------------------------------------------------- 12. recall at k
 @pytest.mark.exercise12
 def test_recall_at_k_by_hand_with_ties():
     sim = np.array([[0.9, 0.9, 0.1, 0.0, 0.2],    # tie with j=1, but 1 > 0: rank 0
@@ -378,7 +366,6 @@ def test_recall_at_k_default_ks_against_a_loop():
     assert metrics.recall_at_k(sim) == {f"R@{k}": float(np.mean(rank < k)) for k in (1, 5, 10)}
 
 
-# ---------------------------------------------------------------- 13. mutual k-NN
 def knn_by_loop(x, k):
     """Each row's k nearest other rows by cosine similarity (ties to the lower index), as sets."""
     unit = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -412,7 +399,6 @@ def test_mutual_knn_against_a_loop(kind, k):
     close("mutual k-NN", got, expected, VALUE_TOL)
 
 
-# ---------------------------------------------------------------- 14. Procrustes rotation
 @pytest.mark.exercise14
 def test_fit_rotation_against_the_polar_factor():
     """Noisy pairs, non-zero means, rows of different norms (taken as given: no centring or

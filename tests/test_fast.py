@@ -56,7 +56,6 @@ def compare(name, got, expected, dtype):
         assert rel_err(f, r) < TOL[dtype], f"{name} output {i}: error {rel_err(f, r):.1e}"
 
 
-# ---------------------------------------------------------------- the checks
 def check_layers(ops, dtype, causal):
     """Every layer pair on the ragged batch, fast rows put back in the reference's (caption)
     order through caption_rows; inputs with non-zero means and unequal column scales; logits
@@ -189,7 +188,6 @@ def run_checks(ops):
         check_objective(ops, objective, np.float64)
 
 
-# ---------------------------------------------------------------- the tests
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("causal", [False, True])
 def test_each_layer_gives_the_references_outputs_and_gradients(dtype, causal):
@@ -247,7 +245,6 @@ def test_cross_entropy_over_zero_targets_is_an_error():
         fast.cross_entropy(logits, np.zeros(0, int))
 
 
-# ---------------------------------------------------------------- mutants: each must fail a check
 MUTANTS = {   # name: (text of fast.py, its replacement)
     "causal mask lets a token read the next": ("dtype), 1)", "dtype), 2)"),
     "causal bias never added": ("if g.bias is not None:", "if False:"),

@@ -55,7 +55,6 @@ def line_of(lines, row, metric):
     return next(l for l in lines if l.startswith(row) and f" {metric} " in l)
 
 
-# ---------------------------------------------------------------- the noise rule, the table
 def test_the_noise_rule_is_two_standard_errors_of_the_pooled_spread():
     # x: one seed at 0.5; y: 0.1, 0.2, 0.3 (sample std 0.1): s^2 = (0 + 2 * 0.01) / 2
     diff, allowed, s = report.agreement([0.5], [0.1, 0.2, 0.3])
@@ -80,7 +79,6 @@ def test_the_table_writer_and_its_cells():
     assert report.cells([-0.0004, 0.0002], sign=True)[0] == "+0.000 ± 0.000"   # never -0.000
 
 
-# ---------------------------------------------------------------- compare
 def test_a_table_that_agrees(tmp_path, capsys):
     mine = {**REPO, "good_views": same(0.1, mutual_knn=[0.075, 0.071, 0.079])}
     ok, lines = compare(tmp_path, capsys, table(mine), table(REPO))
@@ -188,7 +186,6 @@ def test_the_published_column_only_beside_dinov2_scores():
     assert "published" not in report.main_table({**results, "published": {}})[0]
 
 
-# ---------------------------------------------------------------- the finding, how fast
 def curve(*values):
     return {"step": [0, 50, 100], "mutual_knn": list(values)}
 
@@ -283,7 +280,6 @@ def test_figures_show_the_bars_and_no_empty_lr_search(tmp_path):
     assert rows.min() < (150 + 760) / 2 and rows.max() == pytest.approx(760, abs=3)
 
 
-# ---------------------------------------------------------------- the lr search's pick
 def test_a_pick_is_resolved_by_the_noise_rule():
     """margin = the pick's val score - the best other finite one; noise = 2 sqrt(2) x the
     sample std of the seed grid's val scores (0.030, 0.032, 0.034: 0.002), at least FLOOR."""
@@ -312,7 +308,6 @@ def test_a_pick_is_resolved_by_the_noise_rule():
         "| +0.005 (not resolved: noise up to 0.006) |"]
 
 
-# ---------------------------------------------------------------- scaling
 def test_the_gap_trend_by_hand():
     # gaps 0.01, 0.03, 0.05 at 1e4, 1e5, 1e6 parameters: slope 0.02 per decade, no residual
     t = report.gap_trend([(1e4, 0.01), (1e5, 0.03), (1e6, 0.05)])
@@ -354,7 +349,6 @@ def test_axis_ticks_reach_past_the_largest_value():
     assert figures.ticks(0.02, 0.031) == [0.02, 0.0225, 0.025, 0.0275, 0.03, 0.0325]
 
 
-# ---------------------------------------------------------------- a tiny grid
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
