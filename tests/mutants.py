@@ -257,15 +257,6 @@ MUTANTS = {
 }
 
 
-def reference_bodies(root=ROOT):
-    """{N: exercise N's body in the code at root, dedented}."""
-    bodies = {}
-    for e in course.list_exercises(root):
-        lines = (root / e.path).read_text(encoding="utf-8").splitlines(keepends=True)
-        bodies[e.number] = textwrap.dedent("".join(lines[e.start + 1:e.end]))
-    return bodies
-
-
 def mutant_body(reference, edits, name):
     """The reference with the edits made (each old text found exactly once), or edits itself
     when it is a whole body."""
@@ -295,8 +286,9 @@ def schedule():
 def write_class(folder, root=ROOT):
     """A solved copy of root named "reference" in folder, and one per schedule() with its
     mutants spliced in. Returns {copy's name: {N: (mutant name, the mistake)}}."""
-    bodies = reference_bodies(root)
     exercises = {e.number: e for e in course.list_exercises(root)}
+    bodies = {n: textwrap.dedent("".join((root / e.path).read_text(encoding="utf-8").splitlines(
+        keepends=True)[e.start + 1:e.end])) for n, e in exercises.items()}     # dedented
     plan = {"reference": {}, **{f"mutants{i:02d}": {n: MUTANTS[n][k] for n, k in c.items()}
                                 for i, c in enumerate(schedule())}}
     for name, mutants in plan.items():

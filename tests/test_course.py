@@ -141,12 +141,9 @@ def test_the_class_grader_fails_every_mutant_and_passes_the_reference(tmp_path):
     """STYLE.md section 12: tests/mutants.py's plausible wrong bodies, in copies graded by one
     grade_class; an exercise that holds a mutant is never "passed", and the reference passes."""
     import mutants
-    bodies = mutants.reference_bodies(ROOT)
     assert sorted(mutants.MUTANTS) == ALL
-    for n, found in mutants.MUTANTS.items():
+    for n, found in mutants.MUTANTS.items():     # write_class: each old text once, a change
         assert len({name for name, _, _ in found}) == len(found) >= 4, n
-        for name, _, edits in found:             # each old text once, and a change
-            assert mutants.mutant_body(bodies[n], edits, name) != bodies[n], name
     assert not any({1, 5} <= set(copy) for copy in mutants.schedule())  # 5 calls 1's code
     reference, results = mutants.grade_mutants(tmp_path)
     assert reference == {n: ("passed", "") for n in ALL}, reference
