@@ -11,8 +11,10 @@ from minialign import model
 
 POSIX_SIGNALS = pytest.mark.skipif(os.name == "nt", reason="sends POSIX signals, which Windows "
                                                            "does not have")
-NEEDS_FAST_PATH = pytest.mark.skipif(model.fast is None, reason="a student copy has no fast path")
-SHARED = Path(__file__).resolve().parents[2] / "shared"          # beside the checkout
+NEEDS_FAST_PATH = NEEDS_SOLUTIONS = pytest.mark.skipif(
+    model.fast is None, reason="a student copy has no fast path and no solutions")
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"                                   # beside the checkout
 REAL_CAPTIONS = SHARED / "coco" / "captions_val2017.json"
 BERT_VOCAB = SHARED / "tokenizers" / "bert-base-uncased-vocab.txt"
 
@@ -73,7 +75,7 @@ def captions(tmp_path_factory):
 
 @pytest.fixture
 def server():
-    """A local HTTP server (tests/localhttp.py: .files, .url, .requests, .max_active, .delay)."""
+    """A local HTTP server (tests/localhttp.py: .files, .url, .requests, .redirects)."""
     from localhttp import serve
     with serve() as srv:
         yield srv

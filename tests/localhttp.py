@@ -60,8 +60,7 @@ def serve(cert=None):
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*cert)
         srv.socket = context.wrap_socket(srv.socket, server_side=True)
-    thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
+    threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True).start()
     try:
         yield srv
     finally:

@@ -39,8 +39,7 @@ MUTANTS = {
          [("0.5 * (1.0 + th) + 0.5 * x * dth_dx", "0.5 * x * dth_dx")]),
         ("tanh_slope_1_minus_th", "tanh' = 1 - th instead of 1 - th^2",
          [("(1.0 - th**2)", "(1.0 - th)")]),
-        ("cubic_without_3", "d/dx (x + a x^3) = 1 + a x^2",
-         [("3.0 * GELU_A", "GELU_A")]),
+        ("cubic_without_3", "d/dx (x + a x^3) = 1 + a x^2", [("3.0 * GELU_A", "GELU_A")]),
         ("writes_into_dy", "dy *= slope, returning dy (the caller's array)",
          [("dx = dy * (", "dy *= ("), ("return dx", "return dy")]),
         ("computes_in_float64", "casts the cache to float64 'for accuracy'",
@@ -65,8 +64,7 @@ MUTANTS = {
          [("g - g.mean(axis=-1, keepdims=True)", "g")]),
         ("no_xhat_term", "dx without the part along xhat (the std's gradient)",
          [("- xhat * (g * xhat).mean(axis=-1, keepdims=True))", ")")]),
-        ("forgets_gamma", "d/dxhat = dy, gamma forgotten",
-         [("g = dy * gamma", "g = dy")]),
+        ("forgets_gamma", "d/dxhat = dy, gamma forgotten", [("g = dy * gamma", "g = dy")]),
         ("dgamma_dbeta_swapped", "returns dx, dbeta, dgamma",
          [("return dx, dgamma, dbeta", "return dx, dbeta, dgamma")]),
         ("writes_into_dy", "g = dy; g *= gamma: scales the caller's dy",
@@ -117,8 +115,7 @@ MUTANTS = {
         ("mean_over_pairs", "divided by the D (D - 1) pairs, not by D",
          [("c = (off * off).sum() / D", "c = (off * off).sum() / (D * (D - 1))"),
           ("(4.0 / (D * (N - 1)))", "(4.0 / (D * (D - 1) * (N - 1)))")]),
-        ("half_gradient", "dC's symmetry forgotten: 2 / (D (N - 1)), not 4",
-         [("4.0 /", "2.0 /")])],
+        ("half_gradient", "dC's symmetry forgotten: 2 / (D (N - 1)), not 4", [("4.0 /", "2.0 /")])],
     8: [("grad_not_divided_by_n", "dlogits = softmax - onehot, the 1 / n of the mean forgotten",
          [("dlogits /= n\n", "")]),
         ("sum_not_mean", "loss and gradient summed over the targets, not averaged",
@@ -197,8 +194,7 @@ MUTANTS = {
             "(sim >= correct) & (cols != rows[:, None])")]),
          ("ties_ignored", "no tie ranks above the correct item",
           [("(sim > correct) | ((sim == correct) & (cols < rows[:, None]))", "sim > correct")]),
-         ("rank_le_k", "rank <= k: off by one",
-          [("np.mean(rank < k)", "np.mean(rank <= k)")]),
+         ("rank_le_k", "rank <= k: off by one", [("np.mean(rank < k)", "np.mean(rank <= k)")]),
          ("divides_by_gallery", "the hits divided by N_gallery, not by N_query",
           [("float(np.mean(rank < k))", "float(np.sum(rank < k) / n_gallery)")]),
          ("ties_to_the_higher_index", "ties go to the higher index",
@@ -261,15 +257,6 @@ MUTANTS = {
 }
 
 
-def reference_bodies(root=ROOT):
-    """{N: exercise N's body in the code at root, dedented}."""
-    bodies = {}
-    for e in course.list_exercises(root):
-        lines = (root / e.path).read_text(encoding="utf-8").splitlines(keepends=True)
-        bodies[e.number] = textwrap.dedent("".join(lines[e.start + 1:e.end]))
-    return bodies
-
-
 def mutant_body(reference, edits, name):
     """The reference with the edits made (each old text found exactly once), or edits itself
     when it is a whole body."""
@@ -299,8 +286,9 @@ def schedule():
 def write_class(folder, root=ROOT):
     """A solved copy of root named "reference" in folder, and one per schedule() with its
     mutants spliced in. Returns {copy's name: {N: (mutant name, the mistake)}}."""
-    bodies = reference_bodies(root)
     exercises = {e.number: e for e in course.list_exercises(root)}
+    bodies = {n: textwrap.dedent("".join((root / e.path).read_text(encoding="utf-8").splitlines(
+        keepends=True)[e.start + 1:e.end])) for n, e in exercises.items()}     # dedented
     plan = {"reference": {}, **{f"mutants{i:02d}": {n: MUTANTS[n][k] for n, k in c.items()}
                                 for i, c in enumerate(schedule())}}
     for name, mutants in plan.items():

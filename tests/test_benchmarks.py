@@ -6,11 +6,10 @@ the whole grid on a tiny world). No timing is asserted: a speed is what the tool
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NEEDS_FAST_PATH
+from conftest import NEEDS_FAST_PATH, ROOT
 
 from minialign.data import Batch
 from minialign.model import ModelConfig, init_params
@@ -18,7 +17,6 @@ from minialign.objectives import OBJECTIVES
 from minialign.tokenizer import BOS, EOS, PAD
 from minialign.train import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
 import ablations  # noqa: E402
 import bench  # noqa: E402
@@ -78,7 +76,6 @@ def test_bench_refuses_a_missing_captions_file_in_one_line(tmp_path, capsys):
         bench.main(["--captions", str(tmp_path / "nope.json")])
 
 
-# ---------------------------------------------------------------- torch_step.py
 def ragged(rng, captions, T, V):
     """(captions, T) ids: BOS, words, EOS, then PAD; lengths 3..T."""
     tokens = np.zeros((captions, T), np.int64)
@@ -117,7 +114,6 @@ def test_torch_step_pairs_print_each_pair_and_the_ratio(captions, capsys):
     assert "next_token  minialign / torch: median " in out
 
 
-# ---------------------------------------------------------------- lockstep.py
 def tiny_lockstep(captions, *more):
     return lockstep.main(["--captions", str(captions), "--steps", "4", "--batch-photos", "4",
                           "--warmup-steps", "2", "--d-model", "8", "--n-layers", "1",
@@ -144,7 +140,6 @@ def test_lockstep_relative_difference_by_hand():
     assert lockstep.relative_difference(wa, wb) == pytest.approx(5.0 / 4.0)
 
 
-# ---------------------------------------------------------------- ablations.py
 def test_ablation_cell_on_hand_made_numbers():
     base = [0.10, 0.12, 0.14]                        # mean 0.12, std 0.02
     assert ablations.cell(base) == "0.120 ± 0.020"

@@ -6,10 +6,9 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import POSIX_SIGNALS, write_captions
+from conftest import POSIX_SIGNALS, ROOT, write_captions
 
 from minialign import train
 from minialign.__main__ import main
@@ -106,11 +105,10 @@ def test_nothing_needs_a_python_newer_than_requires_python():
     """vermin's static check of the package and tests against pyproject's requires-python (a
     dev tool: skipped without it); numpy 1.x and 2.x are checked by running (make test-oldest)."""
     pytest.importorskip("vermin", reason="vermin is not installed (pip install -e '.[dev]')")
-    root = Path(__file__).resolve().parents[1]
-    oldest = re.search(r'^requires-python = ">=(3\.\d+)"$', (root / "pyproject.toml").read_text(),
+    oldest = re.search(r'^requires-python = ">=(3\.\d+)"$', (ROOT / "pyproject.toml").read_text(),
                        re.M).group(1)
     done = subprocess.run([sys.executable, "-c", "import sys, vermin; sys.argv[0] = 'vermin'; "
                            "sys.exit(vermin.main())", "-q", "--no-tips", "--violations",
                            "--eval-annotations", f"-t={oldest}-", "minialign", "tests"],
-                          cwd=root, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr

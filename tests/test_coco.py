@@ -39,7 +39,6 @@ def jpeg(width, height, seed=0):
     return buffer.getvalue()
 
 
-# ---------------------------------------------------------------- download
 def test_download_checks_sha256_and_resumes_a_cut_with_a_range_request(https, tmp_path):
     body = https.files["a.bin"] = data(20_000)
     dest = tmp_path / "sub" / "a.bin"
@@ -120,7 +119,6 @@ def test_plain_http_is_refused_at_every_hop_unless_allowed(https, server, tmp_pa
     assert (tmp_path / "b.bin").read_bytes() == body
 
 
-# ---------------------------------------------------------------- the subset
 def made_up_coco(n_photos, seed=0, n_few=0, n_same=0):
     """COCO captions: n_photos photos with 5-7 captions of random words, n_few with 4, n_same
     with 5 captions that clean to one; ids shuffled, annotations in random order."""
@@ -171,7 +169,6 @@ def test_the_subset_is_seeded_eligible_and_kept_whole_by_the_loader(tmp_path):
                               f"1030 or fewer")
 
 
-# ---------------------------------------------------------------- the command
 def serve_coco(srv, tmp_path, monkeypatch):
     """A 30-photo annotations zip, a vocabulary and the photos, published: the sha256s patched
     in as the real ones. Returns the subset's 10 records (of 10 photos, seed 0)."""

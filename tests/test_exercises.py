@@ -7,6 +7,7 @@ each exercise also has a value check on inputs where the usual mistakes give ano
 (non-zero means, N and N - 1 differing, D >= 3, both sides of a hinge, ties and duplicated
 rows, every special token), a float32 run that must stay float32, and inputs left untouched.
 """
+import contextlib
 import importlib
 import math
 
@@ -36,7 +37,6 @@ layers, losses, metrics, objectives, optim = (Core(name) for name in
 
 
 def close(what, got, expected, tol):
-    """Assert got matches expected (same shape) to a relative error below tol."""
     err = rel_err(np.asarray(got, np.float64), np.asarray(expected, np.float64))
     assert err < tol, f"{what}: relative error {err:.1e} (tolerance {tol:.0e})"
 
@@ -61,7 +61,7 @@ def check_layer(forward, backward, inputs, rng):
         cast = {k: v.astype(dtype) if k in names else v for k, v in inputs.items()}
         _, cache = forward(**cast)
         d = dy.astype(dtype)
-        with Untouched(dy=d, cache=cache):
+        with untouched(dy=d, cache=cache):
             grads = backward(d, cache)
         runs[dtype] = (grads,) if isinstance(grads, np.ndarray) else tuple(grads)
         assert len(runs[dtype]) <= len(names), f"{len(runs[dtype])} gradients for {names}"
@@ -72,25 +72,19 @@ def check_layer(forward, backward, inputs, rng):
         check_float32({f"d{name}": g32}, {f"d{name}": g64}, tol=1e-4)
 
 
-class Untouched:
-    """with Untouched(dy=dy, cache=cache): on leaving, assert that no array among the named
+@contextlib.contextmanager
+def untouched(**inputs):
+    """with untouched(dy=dy, cache=cache): on leaving, assert that no array among the named
     inputs (or inside a tuple or list of them) was written to."""
-
-    def __init__(self, **inputs):
-        flat = lambda o: [o] if isinstance(o, np.ndarray) else [   # noqa: E731
-            a for i in o for a in flat(i)] if isinstance(o, (tuple, list)) else []
-        self.saved = [(name, a, a.copy()) for name, o in inputs.items() for a in flat(o)]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for name, a, saved in self.saved:
-            assert exc[0] or np.array_equal(a, saved), \
-                f"{name} was written to: never modify an input (compute into a new array)"
+    flat = lambda o: [o] if isinstance(o, np.ndarray) else [   # noqa: E731
+        a for i in o for a in flat(i)] if isinstance(o, (tuple, list)) else []
+    saved = [(name, a, a.copy()) for name, o in inputs.items() for a in flat(o)]
+    yield
+    for name, a, copy in saved:
+        assert np.array_equal(a, copy), \
+            f"{name} was written to: never modify an input (compute into a new array)"
 
 
-# ---------------------------------------------------------------- 1. linear backward
 @pytest.mark.exercise1
 @pytest.mark.parametrize("shape", [(5, 4), (2, 3, 4)])        # rows, and a (B, T, D_in) batch
 def test_linear_backward(shape):
@@ -101,7 +95,6 @@ def test_linear_backward(shape):
                      b=rng.standard_normal(3)), rng)
 
 
-# ---------------------------------------------------------------- 2. GELU backward
 @pytest.mark.exercise2
 def test_gelu_backward():
     rng = np.random.default_rng(2)
@@ -113,7 +106,6 @@ def test_gelu_backward():
           [0.5, 1.0, 0.0], VALUE_TOL)
 
 
-# ---------------------------------------------------------------- 3. mean pooling
 @pytest.mark.exercise3
 def test_mean_pool_float32_against_a_loop():
     """Rows of a sequence scattered, sequences of 2, 1 and 4 rows, empty ones in the middle
@@ -122,7 +114,7 @@ def test_mean_pool_float32_against_a_loop():
     rng = np.random.default_rng(5)
     h = (rng.standard_normal((7, 3)) + 2.0).astype(np.float32)
     seq = np.array([3, 0, 3, 1, 3, 0, 3])                  # sequences 2 and 4 have no row
-    with Untouched(h=h, seq=seq):
+    with untouched(h=h, seq=seq):
         z, cache = layers.mean_pool_forward(h, seq, 5)
     h64 = h.astype(np.float64)
     expected = [h64[seq == b].mean(axis=0) if (seq == b).any() else np.zeros(3) for b in range(5)]
@@ -132,7 +124,6 @@ def test_mean_pool_float32_against_a_loop():
                                          dh=np.repeat(1.0 / n_b[:, None], 3, axis=1)))
 
 
-# ---------------------------------------------------------------- 4. LayerNorm backward
 @pytest.mark.exercise4
 @pytest.mark.parametrize("shape", [(4, 5), (2, 3, 5)])
 def test_layernorm_backward(shape):
@@ -143,7 +134,6 @@ def test_layernorm_backward(shape):
                 dict(x=x, gamma=rng.standard_normal(5), beta=rng.standard_normal(5)), rng)
 
 
-# ---------------------------------------------------------------- 5. attention backward
 @pytest.mark.exercise5
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_backward(causal):
@@ -158,14 +148,13 @@ def test_attention_backward(causal):
         n_heads=H), rng)
 
 
-# ---------------------------------------------------------------- 6. VICReg variance term
 @pytest.mark.exercise6
 def test_variance_term_on_both_sides_of_the_hinge():
     # N = 3 rows, non-zero means. dim 0: 10, 11, 12: unbiased variance 1, std sqrt(1.0001) > 1:
     # no hinge (divided by N = 3 it would be 0.82, a hinge of 0.18); dim 1: 5, 5.5, 6: variance
     # 0.25, hinge 1 - sqrt(0.2501); dim 2: constant: std sqrt(1e-4) = 0.01, hinge 0.99
     z = np.array([[10.0, 5.0, 3.0], [11.0, 5.5, 3.0], [12.0, 6.0, 3.0]])
-    with Untouched(z=z):
+    with untouched(z=z):
         v, dz = losses._variance_term(z)
     close("v", v, (1 - math.sqrt(0.2501) + 0.99) / 3, VALUE_TOL)
     # only dim 1 pulls: dv/dz_i1 = -(1/D) (z_i1 - 5.5) / ((N - 1) std_1); dim 0 is above the
@@ -182,7 +171,7 @@ def test_variance_term_against_np_std(dtype, tol):
     some dimensions; dtype kept, z untouched."""
     rng = np.random.default_rng(9)
     z_in = (rng.standard_normal((5, 4)) * np.array([0.3, 2.0, 0.8, 1.5]) + 1.0).astype(dtype)
-    with Untouched(z=z_in):
+    with untouched(z=z_in):
         v, dz = losses._variance_term(z_in)
     z = z_in.astype(np.float64)
 
@@ -193,14 +182,13 @@ def test_variance_term_against_np_std(dtype, tol):
     close("v", v, hinges(), tol)
 
 
-# ---------------------------------------------------------------- 7. VICReg covariance term
 @pytest.mark.exercise7
 def test_covariance_term_by_hand_with_non_zero_means():
     # column means 2, 4, 5 -> zc = [[-1, -2, 2], [2, -2, -1], [-1, 4, -1]]; C = zc^T zc / 2:
     # C01 = (2 - 4 - 4) / 2 = -3, C02 = (-2 - 2 + 1) / 2 = -1.5, C12 = (-4 + 2 - 4) / 2 = -3;
     # each twice: 2 (9 + 2.25 + 9) / D = 13.5
     z = np.array([[1.0, 2.0, 7.0], [4.0, 2.0, 4.0], [1.0, 8.0, 4.0]])
-    with Untouched(z=z):
+    with untouched(z=z):
         c, _ = losses._covariance_term(z)
     close("c", c, 13.5, VALUE_TOL)
 
@@ -219,7 +207,7 @@ def test_covariance_term_against_a_loop(dtype, tol):
     """c against the loop above, dz against its central differences; dtype kept, z untouched."""
     rng = np.random.default_rng(10)
     z_in = (rng.standard_normal((5, 4)) + 0.5 * rng.standard_normal((5, 1)) + 2.0).astype(dtype)
-    with Untouched(z=z_in):
+    with untouched(z=z_in):
         c, dz = losses._covariance_term(z_in)
     z = z_in.astype(np.float64)
     assert dz.dtype == dtype, f"dz: dtype {dz.dtype}, expected {dtype.__name__} as z"
@@ -239,7 +227,6 @@ def test_whole_vicreg_loss_finite_differences():
     close("dz_b", dz_b, numerical_grad(loss, z_b), GRAD_TOL)
 
 
-# ---------------------------------------------------------------- 8. cross-entropy
 @pytest.mark.exercise8
 def test_cross_entropy_by_hand():
     logits = np.array([[0.0, 0.0, np.log(2.0)], [1.0, 1.0, 1.0]])
@@ -266,7 +253,7 @@ def test_cross_entropy_on_logits_far_apart(dtype):
     repeated target: dlogits keeps the logits' dtype; logits and targets untouched."""
     logits = np.array([[1000.0, 999.0], [0.0, -1000.0], [0.0, -1000.0]], dtype)
     targets = np.array([0, 1, 1])
-    with Untouched(logits=logits, targets=targets):
+    with untouched(logits=logits, targets=targets):
         loss, dlogits, stats = losses.cross_entropy(logits, targets)
     assert dlogits.dtype == dtype, f"dlogits: dtype {dlogits.dtype}, expected {dtype.__name__}"
     close("loss", loss, (math.log1p(math.exp(-1.0)) + 2000.0) / 3, 1e-6)
@@ -275,7 +262,6 @@ def test_cross_entropy_on_logits_far_apart(dtype):
     assert stats == {"ce": loss, "targets": 3}
 
 
-# ---------------------------------------------------------------- 9. AdamW step
 def adamw_by_hand(p, gs, decay, lr, wd, b1, b2, eps):
     """Loshchilov & Hutter 2019, Algorithm 2, over the gradients gs, in float64."""
     p, m, v = np.array(p, np.float64), 0.0, 0.0
@@ -304,7 +290,7 @@ def test_adamw_three_steps_against_the_algorithm(dtype, tol):
     state = optim.adam_init(params)
     for step in steps:
         grads = {k: np.array(g, dtype) for k, g in step.items()}
-        with Untouched(grads=list(grads.values())):
+        with untouched(grads=list(grads.values())):
             optim.adam_step(params, grads, state, options["lr"], weight_decay=options["wd"],
                             beta1=options["b1"], beta2=options["b2"], eps=options["eps"])
     assert state["t"] == 3
@@ -315,7 +301,6 @@ def test_adamw_three_steps_against_the_algorithm(dtype, tol):
                                                 name == "blocks.0.mlp.w_in", **options), tol)
 
 
-# ---------------------------------------------------------------- 10. masking words
 @pytest.mark.exercise10
 @pytest.mark.parametrize("rate", [0.25, 0.7, 0.999])
 def test_mask_words_against_a_loop(rate):
@@ -335,13 +320,12 @@ def test_mask_words_against_a_loop(rate):
         if words and len(masked) == len(words):
             masked.remove(max(words, key=lambda t: u[b, t]))
         expected[b, masked] = MASK
-    with Untouched(tokens=tokens):
+    with untouched(tokens=tokens):
         got = objectives.mask_words(tokens, rate, np.random.default_rng(3))
     assert got.dtype == np.int32, f"dtype {got.dtype}, expected int32 as tokens"
     np.testing.assert_array_equal(got, expected)
 
 
-# ---------------------------------------------------------------- 11. next-token targets
 @pytest.mark.exercise11
 def test_next_token_targets_with_unk_an_empty_caption_and_a_full_row():
     """UNK is a word to predict; a caption without words has one target, EOS; a full row (no
@@ -349,7 +333,7 @@ def test_next_token_targets_with_unk_an_empty_caption_and_a_full_row():
     tokens = np.array([[BOS, 7, UNK, 8, EOS, PAD],
                        [BOS, EOS, PAD, PAD, PAD, PAD],
                        [BOS, UNK, 9, 9, 10, EOS]], np.int32)
-    with Untouched(tokens=tokens):
+    with untouched(tokens=tokens):
         targets, has_target = objectives.next_token_targets(tokens)
     assert targets.dtype == np.int32 and has_target.dtype == bool, (targets.dtype, has_target.dtype)
     # packed: BOS 7 UNK 8 EOS | BOS EOS | BOS UNK 9 9 10 EOS; each predicts the next, EOS nothing
@@ -357,7 +341,6 @@ def test_next_token_targets_with_unk_an_empty_caption_and_a_full_row():
     np.testing.assert_array_equal(targets[has_target], [7, UNK, 8, EOS, EOS, UNK, 9, 9, 10, EOS])
 
 
-# ---------------------------------------------------------------- 12. recall at k
 @pytest.mark.exercise12
 def test_recall_at_k_by_hand_with_ties():
     sim = np.array([[0.9, 0.9, 0.1, 0.0, 0.2],    # tie with j=1, but 1 > 0: rank 0
@@ -366,7 +349,7 @@ def test_recall_at_k_by_hand_with_ties():
                     [0.8, 0.9, 0.95, 0.1, 0.1],   # all three before it higher: rank 3
                     [0.0, 0.0, 0.0, 0.5, 0.5]])   # j=3 tied lower: rank 1
     sim[2, 4] += 1e-7                             # higher, if close to a tie: row 2's rank 2
-    with Untouched(sim=sim):
+    with untouched(sim=sim):
         got = metrics.recall_at_k(sim, ks=(1, 2, 3, 4))
     assert got == {"R@1": 0.2, "R@2": 0.4, "R@3": 0.8, "R@4": 1.0}, got
 
@@ -383,7 +366,6 @@ def test_recall_at_k_default_ks_against_a_loop():
     assert metrics.recall_at_k(sim) == {f"R@{k}": float(np.mean(rank < k)) for k in (1, 5, 10)}
 
 
-# ---------------------------------------------------------------- 13. mutual k-NN
 def knn_by_loop(x, k):
     """Each row's k nearest other rows by cosine similarity (ties to the lower index), as sets."""
     unit = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -412,12 +394,11 @@ def test_mutual_knn_against_a_loop(kind, k):
     a, b = spaces(kind)
     expected = np.mean([len(sa & sb) / k for sa, sb in zip(knn_by_loop(a, k), knn_by_loop(b, k))])
     assert 0 < expected < 1
-    with Untouched(A=a, B=b):
+    with untouched(A=a, B=b):
         got = metrics.mutual_knn(a, b, k=k)
     close("mutual k-NN", got, expected, VALUE_TOL)
 
 
-# ---------------------------------------------------------------- 14. Procrustes rotation
 @pytest.mark.exercise14
 def test_fit_rotation_against_the_polar_factor():
     """Noisy pairs, non-zero means, rows of different norms (taken as given: no centring or
@@ -425,7 +406,7 @@ def test_fit_rotation_against_the_polar_factor():
     rng = np.random.default_rng(14)
     z = rng.standard_normal((20, 3)) * rng.uniform(0.2, 3.0, (20, 1)) + 1.0
     img = z @ rng.standard_normal((3, 5)) + rng.standard_normal((20, 5)) + 0.5
-    with Untouched(z=z, img=img):
+    with untouched(z=z, img=img):
         w = metrics.fit_rotation(z, img)
     m = z.T @ img                                                         # (3, 5)
     lam, q = np.linalg.eigh(m @ m.T)                                      # (3,), (3, 3)

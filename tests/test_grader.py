@@ -9,14 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import POSIX_SIGNALS
+from conftest import NEEDS_SOLUTIONS, POSIX_SIGNALS, ROOT
 
 from minialign.machinery import course, course_child
 
-ROOT = Path(__file__).resolve().parents[1]
 ALL = list(range(1, 15))
-pytestmark = pytest.mark.skipif(not (ROOT / course.FAST).is_file(),
-                                reason="a student copy holds no solutions to grade against")
+pytestmark = NEEDS_SOLUTIONS
 confined = pytest.mark.skipif(not course_child.landlock_abi(),
                               reason="only Linux' Landlock keeps a child from the teacher's files")
 

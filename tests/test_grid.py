@@ -32,7 +32,6 @@ def tiny_protocol(captions, **changes):
     return grid.Protocol(**{**fields, **changes})
 
 
-# ---------------------------------------------------------------- the lr search, pure
 @pytest.mark.parametrize("best, lrs, chosen, interior", [
     (1e-3, [1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2], 1e-3, True),                  # interior at once
     (3.16e-5, [1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2], 3.16e-5, True),   # 2 steps
@@ -119,7 +118,6 @@ def test_an_extension_is_wanted_once_every_run_it_depends_on_has_a_score(tmp_pat
     assert (search["chosen"], search["interior"]) == (1e-4, True)
 
 
-# ---------------------------------------------------------------- the protocol file
 def test_other_settings_are_refused_naming_the_first_that_differs(captions, tmp_path):
     p, out = tiny_protocol(captions), tmp_path / "out"
     grid.check_inputs(p, out)                                     # nothing there yet
@@ -166,7 +164,6 @@ def test_embeddings_are_checked_and_recorded(captions, tmp_path):
     grid.check_inputs(p, out)                                     # not a setting of the runs
 
 
-# ---------------------------------------------------------------- --jobs and the ETA
 @pytest.mark.parametrize("durations, slots, expected", [
     ([], 2, 0.0), ([3, 1, 1], 1, 5.0), ([3, 1, 1, 1], 2, 3.0), ([2, 2, 2], 2, 4.0),
     ([5, 1, 1], 2, 5.0), ([1, 3, 4], 2, 5.0)])
@@ -205,7 +202,6 @@ def test_eta_times_each_objective_and_writes_nothing(captions, tmp_path, capsys)
     assert "[eta] 4 of 4 runs left, --jobs 2:" in said
 
 
-# ---------------------------------------------------------------- a tiny grid, end to end
 @POSIX_SIGNALS
 def test_killed_grid_reruns_to_the_bits_of_runs_never_stopped(captions, tmp_path, monkeypatch,
                                                                capfd):

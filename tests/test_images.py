@@ -30,7 +30,6 @@ def example():
     return ids, np.arange(15, dtype=np.float32).reshape(5, 3) - 4.5
 
 
-# ---------------------------------------------------------------- the embeddings file
 @pytest.mark.parametrize("ids_dtype, emb_dtype, meta", [
     (np.int64, np.float32, META), (np.int32, np.float16, None), (np.uint64, np.float64, None)])
 def test_load_sorts_rows_by_id_as_int64_float32_read_only(tmp_path, ids_dtype, emb_dtype, meta):
@@ -86,7 +85,6 @@ def test_a_bad_file_is_one_line_naming_it(tmp_path, case, message):
         images.load_embeddings(tmp_path / "absent.npz")
 
 
-# ---------------------------------------------------------------- knn: the fast set
 def as_mask(cols):
     """(N, k) column indices -> (N, N) bool membership."""
     mask = np.zeros((len(cols), len(cols)), dtype=bool)
@@ -139,7 +137,6 @@ def test_knn_mutants_are_caught(name):
     assert not agrees(KNN_MUTANTS[name])
 
 
-# ---------------------------------------------------------------- score_split
 def slots_of(ids, zs, rng):
     """Saved-file slots: each slot lists its photos in its own order."""
     out = []
@@ -218,7 +215,6 @@ def test_missing_photos_and_narrow_embeddings_are_one_line_naming_the_file(tmp_p
         images.score_split(slots, narrow)
 
 
-# ---------------------------------------------------------------- a trained run
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, captions):
     """A 4-step run evaluated at steps 0, 2, 4, and embeddings of its photos and 5 more."""

@@ -118,7 +118,6 @@ def test_every_layer_keeps_the_dtype_and_writes_into_no_input(dtype):
         assert all(np.array_equal(a, b) for a, b in zip((dy, *arrays), saved)), forward.__name__
 
 
-# ---------------------------------------------------------------- the encoder (model.py)
 LENGTHS = (6, 2, 8, 1, 4)               # ragged; a 2-token (BOS, EOS) and a 1-token caption
 
 

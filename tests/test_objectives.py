@@ -4,10 +4,10 @@ mask_words' and next_token_targets' values: tests/test_exercises.py, exercises 1
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from gradcheck import numerical_grad, rel_err
 
 from minialign import objectives
@@ -18,7 +18,6 @@ from minialign.objectives import OBJECTIVES, mask_words
 from minialign.tokenizer import BOS, EOS, PAD, UNK
 from minialign.train import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ModelConfig(vocab_size=20, max_len=8, d_model=8, n_layers=1, n_heads=2, mlp_ratio=2,
                    layers="reference", dtype="float64")
 CFG = TrainConfig(model=TINY)

@@ -5,17 +5,14 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import POSIX_SIGNALS
+from conftest import POSIX_SIGNALS, ROOT
 
 from minialign.machinery import runs
 from minialign.tokenizer import SPECIALS, Tokenizer
 from minialign.wordpiece import SPECIALS as BERT_SPECIALS, WordPieceTokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_atomic_write_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):

@@ -5,19 +5,17 @@ import json
 import re
 import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REAL_CAPTIONS, ROOT, shared
 
 from minialign.data import load_captions, split_photos
 from minialign.machinery import synthetic as syn
 from minialign.metrics import knn_indices
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts"))
 import calibrate  # noqa: E402
-
-REAL_CAPTIONS = Path(__file__).resolve().parents[2] / "shared" / "coco" / "captions_val2017.json"
 
 
 def test_scene_factors_by_hand():
@@ -133,23 +131,18 @@ def test_same_seed_same_bytes_and_no_overwrite(tmp_path):
     assert [f.read_bytes() for f in a] == [f.read_bytes() for f in c]
 
 
-def hand_world():
-    """25 scenes; the 5 test scenes (in id order) get these factors A..E and 2-d images."""
+def test_world_ceiling_by_hand():
+    """25 scenes; the 5 test scenes (in id order) get factors A..E and 2-d images at angles 0,
+    15, 40, 100, 210. Factor cosines: AB 1/2, AC BC 2/sqrt(6), AD BD 1/sqrt(6), CD 2/3, DE
+    1/sqrt(3), E 0 with A B C. k = 2: factor k-NN A{C,B} B{C,A} C{A,B} (a tie) D{C,E} E{D,A} (a
+    tie: A lowest); image k-NN (by angle) A{B,C} B{A,C} C{B,A} D{C,B} E{D,A}: mean overlap
+    (1+1+1+.5+1)/5. k = 1: factors C C A C D (C->A by the tie), images B A B C D: 2 of 5."""
     ids = np.arange(101, 126)
     test = split_photos(ids)["test"]                                          # sorted, so by id
     factors, images = np.tile([1.0, 0, 0, 0], (25, 1)), np.ones((25, 2))  # others: any
     factors[test] = [[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 1]]
     angles = np.radians([0, 15, 40, 100, 210])
     images[test] = np.stack([np.cos(angles), np.sin(angles)], axis=1)
-    return ids, factors, images
-
-
-def test_world_ceiling_by_hand():
-    """Factor cosines: AB 1/2, AC BC 2/sqrt(6), AD BD 1/sqrt(6), CD 2/3, DE 1/sqrt(3), E 0 with
-    A B C. k = 2: factor k-NN A{C,B} B{C,A} C{A,B} (a tie) D{C,E} E{D,A} (a tie: A lowest);
-    image k-NN (by angle) A{B,C} B{A,C} C{B,A} D{C,B} E{D,A}: mean overlap (1+1+1+.5+1)/5.
-    k = 1: factors C C A C D (C->A by the tie), images B A B C D: 2 of 5."""
-    ids, factors, images = hand_world()
     assert syn.world_ceiling(ids, factors, images, k=2) == pytest.approx(0.9, abs=1e-12)
     assert syn.world_ceiling(ids, factors, images, k=1) == pytest.approx(0.4, abs=1e-12)
 
@@ -203,8 +196,6 @@ def test_default_world_is_within_cocos_bands(capsys):
     assert calibrate.main(["--n-scenes", "2000", "--seed", "0"]) == 0
     out = capsys.readouterr().out
     assert "| content words per caption | 5.800 |" in out and "within the bands" in out
-    if not REAL_CAPTIONS.exists():
-        pytest.skip(f"real COCO captions not found at {REAL_CAPTIONS} (../shared is absent)")
-    measured = calibrate.statistics_of_file(REAL_CAPTIONS)
+    measured = calibrate.statistics_of_file(shared(REAL_CAPTIONS))
     for key, recorded in calibrate.COCO_VAL2017.items():
         assert abs(measured[key] - recorded) < 5e-4, (key, measured[key])

@@ -65,7 +65,6 @@ def test_clean_caption_and_pad_batch():
     assert tokens.dtype == np.int32 and tokens.tolist() == [[BOS, 5, EOS], [BOS, EOS, PAD]]
 
 
-# ---------------------------------------------------------------- WordPiece
 # the specials where BERT's file has them relative to each other: read_vocab must move them
 TINY = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "dog",
         "play", "##ing", "##s", "un", "##aff", "##able", ",", ".", "!", "cafe", "aaa", "##a"]
