@@ -90,7 +90,7 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
 
 
 @confined
-def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(tmp_path):
+def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(tmp_path, server):
     csv_path, other = tmp_path / "grades.csv", tmp_path / "victim" / "minialign" / "layers.py"
     solutions, tests = str(ROOT / "minialign" / "layers.py"), str(ROOT / course.CASES)
     edits = {
@@ -103,7 +103,12 @@ def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(t
                          f"    os.setsid()\n    time.sleep(2)\n"
                          f"    open({str(csv_path)!r}, 'w').write('x')\n")],
         "patches_numpy": [("metrics.py", "", "import numpy\nnumpy.allclose = numpy.array_equal = "
-                           "lambda *a, **k: True\n")]}
+                           "lambda *a, **k: True\n")],
+        "reads_other": [("layers.py", "    x, w = cache\n",
+                         f"    exec(open({str(other)!r}).read())\n    x, w = cache\n")],
+        "downloads": [("losses.py", "", f"import urllib.request\nurllib.request.urlopen("
+                       f"{server.url!r})\n")],
+        "forges": [("metrics.py", "", "import __main__\n__main__.call = lambda *a: {}\n")]}
     for name, e in edits.items():
         copy_with(tmp_path, name, e, student=name, solved=[] if name == "patches_numpy" else ALL)
     copy_with(tmp_path, "victim")
@@ -114,9 +119,11 @@ def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(t
     assert {s[(name, n)][0] for name in ("victim", "late_writer") for n in ALL} == {"passed"}
     assert course.read_rows(csv_path) and not csv_path.read_text().startswith("x")
     for student, n in [("reads_solutions", 1), ("writes_tests", 12), ("writes_csv", 6),
-                       ("breaks_other", 9)]:
+                       ("breaks_other", 9), ("reads_other", 1)] + [("downloads", 7)] * (
+                           course_child.landlock_abi() >= 4):        # Linux 6.7: no TCP
         status, detail = s[(student, n)]
-        assert status == "error" and "PermissionError" in detail, (student, detail)
+        assert status == "error" and "Permission denied" in detail, (student, detail)
+    assert s[("forges", 13)] == ("failed", "case 0, returned : missing")
     assert {s[("patches_numpy", n)][0] for n in ALL} == {"not started"}
 
 

@@ -55,12 +55,13 @@ def landlock_abi():
 
 
 def landlock(readable, writable):
-    """From now on this process and every process it starts may read only under `readable` and
-    write only under `writable` (Linux >= 5.13; the syscalls are 444-446 on every architecture).
-    Returns False where the kernel has no Landlock."""
+    """From now on this process and every process it starts may read only under `readable`,
+    write only under `writable` and (Linux >= 6.7) open no TCP connection (Linux >= 5.13; the
+    syscalls are 444-446 on every architecture). Returns False where the kernel has none."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
-    ruleset = libc.syscall(444, struct.pack("=Q", ALL), 8, 0)     # landlock_create_ruleset
+    attr = struct.pack("=QQ", ALL, 0b11) if landlock_abi() >= 4 else struct.pack("=Q", ALL)
+    ruleset = libc.syscall(444, attr, len(attr), 0)               # landlock_create_ruleset
     if ruleset < 0:
         return False
     for paths, rights in ((readable, READ), (writable, ALL)):
