@@ -52,7 +52,7 @@ def measure(path, captions, tok, max_len, memo, seed=0):
     slots = runs.load_caption_slots(path)
     ids = np.concatenate([i for i, _ in slots])
     photos = np.random.default_rng(seed).permutation(np.unique(ids))[:len(np.unique(ids)) // 2]
-    if (key := ids.tobytes()) not in memo:
+    if (key := (ids.tobytes(), seed)) not in memo:
         rows = [(p, s) for s, (i, _) in enumerate(slots) for p in
                 np.searchsorted(captions.image_ids, i)]
         memo[key] = [folds(x, np.isin(ids, photos)) for x in features(
