@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..objectives import CAUSAL
-from . import figures, grid, images, runs, synthetic
+from . import diagnose, figures, grid, images, runs, synthetic
 from .runs import md_table  # noqa: F401 (the one table writer)
 
 PUBLISHED = {"good_views": {"mutual_knn": 0.320, "R@1": 0.084, "lr_search": 0.328},
@@ -356,6 +356,10 @@ def write_report(out, embeddings=None):
     results["figures"] = names = figures.draw(results, out)
     text = format_scaling(results) if "sizes" in results else format_markdown(
         results, Path(os.path.relpath(DEMO.parents[1], out.resolve())) / "results.md")
+    if "sizes" not in results and (rows := diagnose.diagnose(out)):
+        diagnose.figure(rows, out / "fig_diagnose.png")
+        names.append("fig_diagnose.png")
+        text += "\n" + "\n".join(diagnose.markdown(rows)) + "\n"
     runs.write_json(out / "results.json", results)
     runs.atomic_write(out / "results.md", text)
     print(text.split("\n## ")[0].rstrip(), "wrote " + ", ".join(
