@@ -390,7 +390,7 @@ def test_a_text_only_report(tiny, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| good_views |" in printed and printed.endswith(
         f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'fig_alignment.png'}, "
-        f"{out / 'fig_curves.png'}, {out / 'fig_lr_search.png'}\n")
+        f"{out / 'fig_curves.png'}, {out / 'fig_lr_search.png'}, {out / 'fig_diagnose.png'}\n")
     run = out / "runs" / "good_views-lr1.00e-03-seed1"
     assert results["objectives"]["good_views"]["paraphrase_R@1"][1] == \
         images.score_run(run)["test"]["paraphrase_R@1"]
