@@ -345,10 +345,12 @@ def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, regr
     seed = np.random.SeedSequence(seed).entropy
     rng = np.random.default_rng(seed)
     judges = [judge_of(n, rng, cases) for n in numbers]
-    print(f"grading {len(copies) - len(done & set(map(str, copies)))} of {len(copies)} copies "
-          f"in {folder} (inputs: --seed {seed}; " + ("each in a child that reaches no other file)"
-          if course_child.landlock_abi() else "NOT confined: this system has no Landlock, see "
-          "docs/course.md)"), flush=True)
+    kept = len(done & set(map(str, copies)))
+    print(f"grading {len(copies) - kept} of {len(copies)} copies in {folder}" + (
+          f" ({kept} graded in {out.name}: --regrade grades them again)" * bool(kept)) +
+          f"; inputs: --seed {seed}; children " + ("confined by Landlock" if
+          course_child.landlock_abi() else "NOT confined: no Landlock here (docs/course.md)"),
+          flush=True)
     with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
         for copy_ in (c for c in copies if str(c) not in done):
             student = student_of(copy_)

@@ -253,9 +253,9 @@ def finding(results, explained):
         mean = {o: float(np.mean(r[k])) for o, r in objs.items()}
         pub = {o: PUBLISHED[o][k if k in PUBLISHED[o] else "mutual_knn"] for o in objs
                if o in PUBLISHED}
-        swapped = [f"{b} above {a}" for a in pub for b in pub if pub[a] > pub[b]
-                   and mean[b] > mean[a]]
         near = lambda a, b: versus(objs[a][k], objs[b][k])[0] == "within noise"   # noqa: E731
+        swapped = [f"{b} above {a}" for a in pub for b in pub if pub[a] > pub[b]
+                   and mean[b] > mean[a] and not near(a, b)]
         lines.append(f"- {NAMES[k]}: {chain(mean, near)}" + (f"; published {chain(pub)}" * bool(
             pub)) + (f". **Not the published order**: {', '.join(swapped)}." if swapped else "."))
     sp, body = results["speed"] or {}, []
