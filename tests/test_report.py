@@ -213,7 +213,8 @@ CURVES = {"good_views": [(0.04, 0.05, 0.07), (0.04, 0.06, 0.07)],       # reach 
 def test_the_finding_states_the_order_and_the_untrained_encoder_computed():
     lines = report.finding(demo_like(CURVES), "../docs/results.md")
     assert lines[2] == ("Test split; ≈: within noise by the noise rule; published: COCO with "
-                        "DINOv2 (paraphrase R@1: mutual-kNN@10's).")
+                        "DINOv2 (paraphrase R@1, never published: beside mutual-kNN@10's "
+                        "order).")
     pub = "published good_views 0.320 > bad_views 0.192 > next_token 0.148"
     # next_token 0.030 against bad_views 0.027: 0.003 > max(2 x 0.001 x sqrt(2/3), 0.002)
     assert lines[4:7] == [

@@ -219,7 +219,8 @@ def format_markdown(results, explained="results.md"):
     lines += finding(results, explained) + search_lines(results)
     done = [r["wall_seconds"] for r in results["runs"].values() if "wall_seconds" in r]
     lines += [f"{len(done)} runs finished; their own times add up to {sum(done) / 60:.1f} min.", "",
-              "## Figures", ""] + [f"![{f[4:-4]}]({f})" for f in results["figures"]]
+              "## Figures", "", f"How to read each: [docs/results.md]({explained}#the-figures).",
+              ""] + [f"![{f[4:-4]}]({f})" for f in results["figures"]]
     return "\n".join(lines) + "\n"
 
 
@@ -247,7 +248,8 @@ def finding(results, explained):
     one = all(len(r["seeds"]) == 1 for r in objs.values())
     lines = ["## The finding against the claim", "", "Test split; ≈: within noise by the noise "
              "rule" + " (one seed: no spread, so a difference is stated, never judged against "
-             "noise)" * one + "; published: COCO with DINOv2 (paraphrase R@1: mutual-kNN@10's).",
+             "noise)" * one + "; published: COCO with DINOv2 (paraphrase R@1, never published: "
+             "beside mutual-kNN@10's order).",
              ""]
     for k in keys:
         mean = {o: float(np.mean(r[k])) for o, r in objs.items()}
