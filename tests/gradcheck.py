@@ -27,18 +27,3 @@ def rel_err(a, b):
     if np.shape(a) != np.shape(b):
         raise AssertionError(f"shape {np.shape(a)}, expected {np.shape(b)}")
     return np.abs(a - b).max() / max(np.abs(a).max(), np.abs(b).max(), 1e-12)
-
-
-def check_layer(forward, backward, inputs, dy_shape, rng, tol=1e-7):
-    """backward(dy, cache) -> the gradients of forward(**inputs)'s float arrays in argument
-    order (one array or a tuple; masks and sizes after them), each against central differences
-    of sum(y * dy), dy random: AssertionError naming the first with a relative error >= tol."""
-    dy = rng.standard_normal(dy_shape)
-    loss = lambda: np.sum(forward(**inputs)[0] * dy)
-    grads = backward(dy, forward(**inputs)[1])
-    grads = (grads,) if isinstance(grads, np.ndarray) else tuple(grads)
-    names = [k for k, v in inputs.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
-    assert len(grads) <= len(names), f"{len(grads)} gradients for float inputs {names}"
-    for name, analytic in zip(names, grads):
-        err = rel_err(analytic, numerical_grad(loss, inputs[name]))
-        assert err < tol, f"d{name}: relative error {err:.1e}"

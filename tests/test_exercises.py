@@ -41,25 +41,26 @@ def close(what, got, expected, tol):
     assert err < tol, f"{what}: relative error {err:.1e} (tolerance {tol:.0e})"
 
 
-def check_float32(got, expected, tol=F32_TOL):
-    """Each array of got (a float32 run) is float32 and matches expected (float64) to tol."""
-    for name, value in got.items():
-        assert value.dtype == np.float32, f"{name}: dtype {value.dtype} (float32 in, float32 out)"
-        close(f"{name} in float32", value, expected[name], tol)
+def attention_weights(rng, D, scale=1.0):
+    """An attention block's w_qkv, b_qkv, w_o, b_o for width D, the matrices times scale."""
+    return dict(w_qkv=rng.standard_normal((D, 3 * D)) * scale, b_qkv=rng.standard_normal(3 * D),
+                w_o=rng.standard_normal((D, D)) * scale, b_o=rng.standard_normal(D))
 
 
 def check_layer(forward, backward, inputs, rng):
     """backward(dy, cache) -> the gradients of forward's float inputs in argument order (one
-    array or a tuple; constants such as a mask come after them). In float64: each of its
-    input's shape and dtype, against central differences of sum(y * dy), dy random. In
-    float32: each float32 and the float64 run's to float32 rounding; dy, cache untouched."""
-    y, cache = forward(**inputs)
-    dy = rng.standard_normal(y.shape)
+    array or a tuple; constants such as a mask come after them). In float64 and float32: y and
+    each gradient in the inputs' dtype; no input, dy or cache written to. In float64: each
+    gradient against central differences of sum(y * dy), dy random; in float32: the float64
+    run's to float32 rounding."""
+    dy = rng.standard_normal(forward(**inputs)[0].shape)
     names = [k for k, v in inputs.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
     runs = {}
     for dtype in (np.float64, np.float32):
         cast = {k: v.astype(dtype) if k in names else v for k, v in inputs.items()}
-        _, cache = forward(**cast)
+        with untouched(**cast):
+            y, cache = forward(**cast)
+        assert y.dtype == dtype, f"y: dtype {y.dtype} for {dtype.__name__} inputs"
         d = dy.astype(dtype)
         with untouched(dy=d, cache=cache):
             grads = backward(d, cache)
@@ -69,7 +70,8 @@ def check_layer(forward, backward, inputs, rng):
         assert g64.dtype == np.float64, f"d{name}: dtype {g64.dtype} for float64 inputs"
         close(f"d{name}", g64, numerical_grad(lambda: np.sum(forward(**inputs)[0] * dy),
                                               inputs[name]), GRAD_TOL)
-        check_float32({f"d{name}": g32}, {f"d{name}": g64}, tol=1e-4)
+        assert g32.dtype == np.float32, f"d{name}: dtype {g32.dtype} (float32 in, float32 out)"
+        close(f"d{name} in float32", g32, g64, 1e-4)
 
 
 @contextlib.contextmanager
@@ -120,8 +122,9 @@ def test_mean_pool_float32_against_a_loop():
     expected = [h64[seq == b].mean(axis=0) if (seq == b).any() else np.zeros(3) for b in range(5)]
     dh = layers.mean_pool_backward(np.ones((5, 3), np.float32), cache)
     n_b = np.array([2, 1, 0, 4, 0])[seq]                   # (7,) rows of each row's sequence
-    check_float32(dict(z=z, dh=dh), dict(z=np.array(expected),
-                                         dh=np.repeat(1.0 / n_b[:, None], 3, axis=1)))
+    assert z.dtype == dh.dtype == np.float32, f"z {z.dtype}, dh {dh.dtype} (float32 in and out)"
+    close("z", z, expected, F32_TOL)
+    close("dh", dh, np.repeat(1.0 / n_b[:, None], 3, axis=1), F32_TOL)
 
 
 @pytest.mark.exercise4
@@ -142,10 +145,8 @@ def test_attention_backward(causal):
     B, T, D, H = 3, 4, 6, 2
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=bool)
     check_layer(layers.mha_forward, layers.mha_backward, dict(
-        x=rng.standard_normal((B, T, D)), w_qkv=rng.standard_normal((D, 3 * D)) / 2,
-        b_qkv=rng.standard_normal(3 * D), w_o=rng.standard_normal((D, D)) / 2,
-        b_o=rng.standard_normal(D), bias=layers.attention_bias(mask, causal, np.float64),
-        n_heads=H), rng)
+        x=rng.standard_normal((B, T, D)), **attention_weights(rng, D, 0.5),
+        bias=layers.attention_bias(mask, causal, np.float64), n_heads=H), rng)
 
 
 @pytest.mark.exercise6
@@ -164,24 +165,6 @@ def test_variance_term_on_both_sides_of_the_hinge():
     close("dz", dz, expected, VALUE_TOL)
 
 
-@pytest.mark.exercise6
-@pytest.mark.parametrize("dtype, tol", [(np.float64, GRAD_TOL), (np.float32, F32_TOL)])
-def test_variance_term_against_np_std(dtype, tol):
-    """v against np.std(ddof=1) written out, dz against its central differences; hinge on for
-    some dimensions; dtype kept, z untouched."""
-    rng = np.random.default_rng(9)
-    z_in = (rng.standard_normal((5, 4)) * np.array([0.3, 2.0, 0.8, 1.5]) + 1.0).astype(dtype)
-    with untouched(z=z_in):
-        v, dz = losses._variance_term(z_in)
-    z = z_in.astype(np.float64)
-
-    def hinges():                                 # VICReg eq. 1 with eps = 1e-4
-        return np.maximum(1 - np.sqrt(z.var(axis=0, ddof=1) + 1e-4), 0).mean()
-    assert dz.dtype == dtype, f"dz: dtype {dz.dtype}, expected {dtype.__name__} as z"
-    close("dz", dz, numerical_grad(hinges, z), tol)
-    close("v", v, hinges(), tol)
-
-
 @pytest.mark.exercise7
 def test_covariance_term_by_hand_with_non_zero_means():
     # column means 2, 4, 5 -> zc = [[-1, -2, 2], [2, -2, -1], [-1, 4, -1]]; C = zc^T zc / 2:
@@ -193,6 +176,12 @@ def test_covariance_term_by_hand_with_non_zero_means():
     close("c", c, 13.5, VALUE_TOL)
 
 
+def variance_by_numpy(z):
+    """VICReg eq. 1 with eps = 1e-4: the mean over dimensions of max(0, 1 - sqrt(var + eps)),
+    var by numpy's var(ddof=1)."""
+    return np.maximum(1 - np.sqrt(z.var(axis=0, ddof=1) + 1e-4), 0).mean()
+
+
 def covariance_by_loop(z):
     """sum over pairs j != k of C_jk^2 / D, C_jk = sum_i (z_ij - m_j)(z_ik - m_k) / (N - 1)."""
     N, D = z.shape
@@ -201,44 +190,52 @@ def covariance_by_loop(z):
                for j in range(D) for k in range(D) if j != k) / D
 
 
-@pytest.mark.exercise7
+@pytest.mark.parametrize("term, formula", [
+    pytest.param("_variance_term", variance_by_numpy, marks=pytest.mark.exercise6),
+    pytest.param("_covariance_term", covariance_by_loop, marks=pytest.mark.exercise7)])
 @pytest.mark.parametrize("dtype, tol", [(np.float64, GRAD_TOL), (np.float32, F32_TOL)])
-def test_covariance_term_against_a_loop(dtype, tol):
-    """c against the loop above, dz against its central differences; dtype kept, z untouched."""
-    rng = np.random.default_rng(10)
-    z_in = (rng.standard_normal((5, 4)) + 0.5 * rng.standard_normal((5, 1)) + 2.0).astype(dtype)
+def test_vicreg_term_against_an_independent_formula(term, formula, dtype, tol):
+    """The term against the formula above, dz against the formula's central differences;
+    correlated columns, means not 0, the hinge on for some dimensions; dtype kept, z untouched."""
+    rng = np.random.default_rng(9)
+    z_in = rng.standard_normal((5, 4)) * [0.3, 2.0, 0.8, 1.5] + 0.5 * rng.standard_normal((5, 1))
+    z_in = (z_in + 1.0).astype(dtype)
     with untouched(z=z_in):
-        c, dz = losses._covariance_term(z_in)
+        value, dz = getattr(losses, term)(z_in)
     z = z_in.astype(np.float64)
     assert dz.dtype == dtype, f"dz: dtype {dz.dtype}, expected {dtype.__name__} as z"
-    close("dz", dz, numerical_grad(lambda: covariance_by_loop(z), z), tol)
-    close("c", c, covariance_by_loop(z), tol)
+    close("dz", dz, numerical_grad(lambda: formula(z), z), tol)
+    close(term, value, formula(z), tol)
 
 
 @pytest.mark.exercise7
-def test_whole_vicreg_loss_finite_differences():
-    """The three terms together (losses.vicreg_loss, given: the paper's eq. 6)."""
+@pytest.mark.parametrize("weights", [(25.0, 25.0, 1.0), (0.0, 25.0, 1.0), (1.0, 0.0, 0.0),
+                                     (0.0, 0.0, 1.0), (0.0, 1.0, 0.0)])
+@pytest.mark.parametrize("n, d", [(3, 3), (5, 4), (2, 5)])
+def test_whole_vicreg_loss(weights, n, d):
+    """The three terms together (losses.vicreg_loss, given: the paper's eq. 6), each weighted
+    alone and as the paper weights them, against the formulas above and by central
+    differences; dimensions below and above the std target, means not 0, N down to 2."""
     rng = np.random.default_rng(2)
-    z_a = rng.standard_normal((6, 4)) * np.array([0.3, 2.0, 0.8, 1.5])
-    z_b = z_a + 0.5 * rng.standard_normal((6, 4))
-    _, (dz_a, dz_b), _ = losses.vicreg_loss(z_a, z_b)
-    loss = lambda: losses.vicreg_loss(z_a, z_b)[0]
-    close("dz_a", dz_a, numerical_grad(loss, z_a), GRAD_TOL)
-    close("dz_b", dz_b, numerical_grad(loss, z_b), GRAD_TOL)
+    z_a = rng.standard_normal((n, d)) * [0.3, 2.0, 0.8, 1.5, 0.5][:d] + [1.0, -2, 0.5, 3, 0][:d]
+    z_b = z_a + 0.5 * rng.standard_normal((n, d))
+    loss, (dz_a, dz_b), _ = losses.vicreg_loss(z_a, z_b, *weights)
+    (sim, var, cov), v, c = weights, variance_by_numpy, covariance_by_loop
+    close("loss", loss, sim * np.mean((z_a - z_b) ** 2) + var * (v(z_a) + v(z_b)) / 2
+          + cov * (c(z_a) + c(z_b)), VALUE_TOL)
+    f = lambda: losses.vicreg_loss(z_a, z_b, *weights)[0]
+    close("dz_a", dz_a, numerical_grad(f, z_a), GRAD_TOL)
+    close("dz_b", dz_b, numerical_grad(f, z_b), GRAD_TOL)
 
 
 @pytest.mark.exercise8
-def test_cross_entropy_by_hand():
+def test_cross_entropy_by_hand_and_by_finite_differences():
     logits = np.array([[0.0, 0.0, np.log(2.0)], [1.0, 1.0, 1.0]])
     loss, dlogits, stats = losses.cross_entropy(logits, np.array([2, 0]))
     # row 0: softmax [1/4, 1/4, 1/2], -log(1/2); row 1: uniform over 3, -log(1/3); mean of two
     close("loss", loss, (math.log(2) + math.log(3)) / 2, VALUE_TOL)
     close("dlogits", dlogits, [[0.125, 0.125, -0.25], [-1 / 3, 1 / 6, 1 / 6]], VALUE_TOL)
     assert stats == {"ce": loss, "targets": 2}
-
-
-@pytest.mark.exercise8
-def test_cross_entropy_finite_differences():
     rng = np.random.default_rng(1)
     logits, targets = 3 * rng.standard_normal((5, 7)), rng.integers(0, 7, size=5)
     close("dlogits", losses.cross_entropy(logits, targets)[1],
@@ -262,56 +259,61 @@ def test_cross_entropy_on_logits_far_apart(dtype):
     assert stats == {"ce": loss, "targets": 3}
 
 
-def adamw_by_hand(p, gs, decay, lr, wd, b1, b2, eps):
-    """Loshchilov & Hutter 2019, Algorithm 2, over the gradients gs, in float64."""
+def adamw_by_hand(p, gs, decay, lr, wd, beta1=0.9, beta2=0.999, eps=1e-8):
+    """Loshchilov & Hutter 2019, Algorithm 2 (its defaults), over the gradients gs, in float64."""
     p, m, v = np.array(p, np.float64), 0.0, 0.0
     for t, g in enumerate(gs, start=1):
         g = np.array(g, np.float64)
-        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        m, v = beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
         if decay:
             p = p - lr * wd * p                       # decoupled: before, not through m and v
-        p = p - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+        p = p - lr * (m / (1 - beta1**t)) / (np.sqrt(v / (1 - beta2**t)) + eps)
     return p
 
 
+BETAS = dict(beta1=0.8, beta2=0.95, eps=1e-2)    # eps large enough that where it goes matters
+
+
 @pytest.mark.exercise9
-@pytest.mark.parametrize("dtype, tol", [(np.float64, VALUE_TOL), (np.float32, F32_TOL)])
-def test_adamw_three_steps_against_the_algorithm(dtype, tol):
-    """beta1, beta2 and eps not the defaults (eps large enough that where it goes matters);
-    a decayed weight matrix, an embedding and a LayerNorm gain (neither decayed): each updated
-    in place in its dtype, the gradients untouched, state["t"] counting the steps."""
-    start = {"tok_emb": [1.0, -0.5], "blocks.0.mlp.w_in": [2.0, 0.25], "ln_f.gamma": [1.5, -1.0]}
-    steps = [{"tok_emb": [0.5, -1.0], "blocks.0.mlp.w_in": [-0.3, 2.0], "ln_f.gamma": [1.0, 0.05]},
-             {"tok_emb": [-0.2, 0.4], "blocks.0.mlp.w_in": [0.6, -1.5], "ln_f.gamma": [0.0, 0.3]},
-             {"tok_emb": [0.1, 0.1], "blocks.0.mlp.w_in": [0.0, 0.5], "ln_f.gamma": [-0.7, 0.2]}]
-    options = dict(lr=0.05, wd=0.3, b1=0.8, b2=0.95, eps=1e-2)
+@pytest.mark.parametrize("dtype, tol, options", [
+    (np.float64, VALUE_TOL, BETAS), (np.float32, F32_TOL, BETAS), (np.float64, VALUE_TOL, {})])
+def test_adamw_three_steps_against_the_algorithm(dtype, tol, options):
+    """beta1, beta2 and eps given, or the defaults (the paper's); weight matrices (".w_") decayed,
+    an embedding, a bias and a gain not; zero gradients mid-way: each updated in place in its
+    dtype, m and v in it too, the gradients untouched, state["t"] counting the steps."""
+    rng = np.random.default_rng(9)
+    names = ["tok_emb", "blocks.0.mlp.w_in", "ln_f.gamma", "blocks.1.attn.w_o", "blocks.1.mlp.b_in"]
+    start = {k: rng.standard_normal(3) for k in names}
+    steps = [{k: rng.standard_normal(3) * s for k in names} for s in (1.0, 3.0, 0.1)]
+    steps[1]["ln_f.gamma"][0] = steps[2]["blocks.0.mlp.w_in"][1] = 0.0
     params = {k: np.array(v, dtype) for k, v in start.items()}
     arrays = dict(params)
     state = optim.adam_init(params)
     for step in steps:
         grads = {k: np.array(g, dtype) for k, g in step.items()}
         with untouched(grads=list(grads.values())):
-            optim.adam_step(params, grads, state, options["lr"], weight_decay=options["wd"],
-                            beta1=options["b1"], beta2=options["b2"], eps=options["eps"])
+            optim.adam_step(params, grads, state, 0.05, weight_decay=0.3, **options)
     assert state["t"] == 3
     for name in start:
         assert params[name] is arrays[name], f"{name}: update the arrays in place"
-        assert params[name].dtype == dtype, f"{name}: dtype {params[name].dtype}"
+        assert params[name].dtype == state["m"][name].dtype == state["v"][name].dtype == dtype, \
+            f"{name}: dtype {params[name].dtype}, m {state['m'][name].dtype}"
         close(name, params[name], adamw_by_hand(start[name], [s[name] for s in steps],
-                                                name == "blocks.0.mlp.w_in", **options), tol)
+                                                ".w_" in name, 0.05, 0.3, **options), tol)
 
 
 @pytest.mark.exercise10
-@pytest.mark.parametrize("rate", [0.25, 0.7, 0.999])
-def test_mask_words_against_a_loop(rate):
+@pytest.mark.parametrize("rate, dtype", [(0.0, np.int64), (0.25, np.int32), (0.7, np.int64),
+                                         (0.999, np.int32)])
+def test_mask_words_against_a_loop(rate, dtype):
     """Every special token (never masked), captions of 0 to 5 words: (b, t) is masked when it
     holds a word and u[b, t] < rate, u = rng.random(tokens.shape); a caption whose every word
-    drew "mask" keeps the one with the largest draw. int32 stays int32; tokens untouched."""
+    drew "mask" keeps the one with the largest draw. The integer dtype kept; tokens untouched."""
     tokens = np.array([[BOS, 5, UNK, 6, 7, MASK, 8, EOS, PAD],
                        [BOS, UNK, EOS, PAD, PAD, PAD, PAD, PAD, PAD],     # no word at all
                        [BOS, 9, EOS, PAD, PAD, PAD, PAD, PAD, PAD],       # one word
                        [BOS, 9, 10, EOS, PAD, PAD, PAD, PAD, PAD],        # two
-                       [BOS, 10, 11, UNK, 12, 13, 14, EOS, PAD]] * 10, np.int32)
+                       [BOS, 10, 11, UNK, 12, 13, 14, EOS, PAD]] * 10, dtype)
     u = np.random.default_rng(3).random(tokens.shape)
     expected = tokens.copy()
     for b, row in enumerate(tokens):
@@ -322,7 +324,7 @@ def test_mask_words_against_a_loop(rate):
         expected[b, masked] = MASK
     with untouched(tokens=tokens):
         got = objectives.mask_words(tokens, rate, np.random.default_rng(3))
-    assert got.dtype == np.int32, f"dtype {got.dtype}, expected int32 as tokens"
+    assert got.dtype == dtype, f"dtype {got.dtype}, expected {dtype.__name__} as tokens"
     np.testing.assert_array_equal(got, expected)
 
 
@@ -349,21 +351,28 @@ def test_recall_at_k_by_hand_with_ties():
                     [0.8, 0.9, 0.95, 0.1, 0.1],   # all three before it higher: rank 3
                     [0.0, 0.0, 0.0, 0.5, 0.5]])   # j=3 tied lower: rank 1
     sim[2, 4] += 1e-7                             # higher, if close to a tie: row 2's rank 2
+    sim[4, 0] = 0.5 - 1e-7                        # lower, if close to a tie: row 4's rank 1
     with untouched(sim=sim):
         got = metrics.recall_at_k(sim, ks=(1, 2, 3, 4))
     assert got == {"R@1": 0.2, "R@2": 0.4, "R@3": 0.8, "R@4": 1.0}, got
 
 
 @pytest.mark.exercise12
-def test_recall_at_k_default_ks_against_a_loop():
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_recall_at_k_default_ks_against_a_loop(dtype):
     """20 queries, 40 gallery items (more than a sort sorts stably by chance), many exact ties
     (values rounded to 0.1), the default ks (1, 5, 10): the fraction of QUERIES whose rank,
-    counted by a loop here, is below k."""
+    counted by a loop here, is below k. Refused: more queries than items, k < 1 or not whole,
+    NaN."""
     rng = np.random.default_rng(12)
     sim = np.round(rng.standard_normal((20, 40)) + np.eye(20, 40) * rng.uniform(0, 2, (20, 1)), 1)
+    sim = sim.astype(dtype)
     rank = np.array([sum(sim[i, j] > sim[i, i] or (sim[i, j] == sim[i, i] and j < i)
                          for j in range(40)) for i in range(20)])
     assert metrics.recall_at_k(sim) == {f"R@{k}": float(np.mean(rank < k)) for k in (1, 5, 10)}
+    for bad, ks in [(sim.T, (1,)), (sim, (0,)), (sim, (1.5,)), (np.full((2, 2), np.nan), (1,))]:
+        with pytest.raises(ValueError):
+            metrics.recall_at_k(bad, ks)
 
 
 def knn_by_loop(x, k):
@@ -416,7 +425,8 @@ def test_fit_rotation_against_the_polar_factor():
 @pytest.mark.exercise14
 def test_fit_rotation_recovers_a_reflection_and_survives_rank_deficiency():
     """A reflection (det -1) comes back as it is (Procrustes ranges over every orthogonal
-    map); z of rank 2 in D = 3 (M M^T singular): W finite, semi-orthogonal, exact on z's span."""
+    map); z of rank 2 in D = 3 (M M^T singular): W finite, semi-orthogonal, exact on z's span.
+    D > D_img refused."""
     rng = np.random.default_rng(15)
     q, _ = np.linalg.qr(rng.standard_normal((4, 4)))
     q[:, 0] *= -np.sign(np.linalg.det(q))                                 # det(q) = -1
@@ -428,3 +438,5 @@ def test_fit_rotation_recovers_a_reflection_and_survives_rank_deficiency():
     assert np.isfinite(w).all(), "W is not finite on rank-deficient input"
     close("W W^T - I", w @ w.T, np.eye(3), 1e-10)
     close("z W", z @ w, z @ q[:3], 1e-10)
+    with pytest.raises(ValueError):
+        metrics.fit_rotation(z, z[:, :2])

@@ -1,13 +1,13 @@
 """The reference layers (layers.py) and the encoder in them (model.py): every backward against
-central differences in float64 on ragged batches (one-token and empty captions, causal or not);
-forwards by hand or against a loop, where the usual slips give other numbers; dtype kept."""
+central differences on ragged batches (one-token and empty captions, causal or not), dtype kept
+(test_exercises.check_layer); forwards by hand or against a loop."""
 import dataclasses
 import math
 
 import numpy as np
 import pytest
-from gradcheck import check_layer, numerical_grad, rel_err
-from test_objectives import TINY as ONE_BLOCK, tiny_params
+from test_exercises import attention_weights, check_layer
+from test_objectives import TINY as ONE_BLOCK, check_gradients, tiny_params
 
 from minialign import layers as L
 from minialign.model import ModelConfig, encode, encode_backward, init_params, param_count
@@ -17,18 +17,26 @@ MASK = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], bool) 
 RAGGED = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], bool)  # one empty
 
 
-def weights(rng, D):
-    return dict(w_qkv=rng.standard_normal((D, 3 * D)), b_qkv=rng.standard_normal(3 * D),
-                w_o=rng.standard_normal((D, D)), b_o=rng.standard_normal(D))
+def attention_on_rows(x, w_qkv, b_qkv, w_o, b_o, causal):
+    """attention_forward on RAGGED's rows (its bias in x's dtype), 2 heads."""
+    return L.attention_forward(x, w_qkv, b_qkv, w_o, b_o, L.token_rows(RAGGED, causal, x.dtype), 2)
 
 
-def test_embedding_and_lm_head_backward():
-    """linear, layernorm, gelu and mha: tests/test_exercises.py, exercises 1, 4, 2 and 5."""
+def test_embedding_head_attention_and_pool_backward():
+    """The embedding, the tied head, and on ragged captions (a one-token and an empty one)
+    attention_forward (rows -> (B, T, D) grid -> rows, causal and not) and pool_forward.
+    linear, layernorm, gelu and mha: tests/test_exercises.py, exercises 1, 4, 2 and 5."""
     rng = np.random.default_rng(0)
+    n = int(RAGGED.sum())
     check_layer(L.embedding_forward, L.embedding_backward, dict(
-        ids=np.array([1, 2, 1, 5, 1, 0]), weight=rng.standard_normal((6, 4))), (6, 4), rng)
+        ids=np.array([1, 2, 1, 5, 1, 0]), weight=rng.standard_normal((6, 4))), rng)
     check_layer(L.lm_head_forward, L.lm_head_backward, dict(
-        hf=rng.standard_normal((5, 4)), tok_emb=rng.standard_normal((7, 4))), (5, 7), rng)
+        hf=rng.standard_normal((5, 4)), tok_emb=rng.standard_normal((7, 4))), rng)
+    check_layer(L.pool_forward, L.pool_backward, dict(
+        h=rng.standard_normal((n, 3)), rows=L.token_rows(RAGGED, False, np.float64)), rng)
+    for causal in (False, True):
+        check_layer(attention_on_rows, L.attention_backward, dict(
+            x=rng.standard_normal((n, 4)), **attention_weights(rng, 4), causal=causal), rng)
 
 
 def test_layernorm_and_gelu_values_by_hand():
@@ -61,61 +69,18 @@ def loop_attention(x, w_qkv, b_qkv, w_o, b_o, mask, causal, H):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_mha_values_against_a_loop_with_scores_far_apart(causal):
-    """Caption 2's scores are in the thousands, the others' near 0: a softmax shifted by the
-    batch's max instead of each row's underflows them all to 0 / 0."""
+def test_mha_and_attention_on_rows_against_a_loop_with_scores_far_apart(causal):
+    """On the (B, T, D) grid and on the rows of real tokens. Caption 2's scores are in the
+    thousands, the others' near 0: a softmax shifted by the batch's max instead of each row's
+    underflows them all to 0 / 0."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 4, 6)) * np.array([1, 0.5, 30, 1])[:, None, None]
-    w = weights(rng, 6)
-    y, _ = L.mha_forward(x, *w.values(), L.attention_bias(MASK, causal, np.float64), 2)
-    np.testing.assert_allclose(y[MASK], loop_attention(x, *w.values(), MASK, causal, 2)[MASK],
-                               rtol=1e-11, atol=1e-11)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_attention_and_pool_on_rows_backward(causal):
-    """attention_forward (rows -> (B, T, D) grid -> rows) and pool_forward on ragged captions
-    with a one-token and an empty caption, every element of every gradient."""
-    rng = np.random.default_rng(3)
-    rows = L.token_rows(RAGGED, causal, np.float64)
-    n = int(RAGGED.sum())
-    check_layer(L.attention_forward, L.attention_backward, dict(
-        x=rng.standard_normal((n, 4)), **weights(rng, 4), rows=rows, n_heads=2), (n, 4), rng)
-    check_layer(L.pool_forward, L.pool_backward, dict(h=rng.standard_normal((n, 3)), rows=rows),
-                (4, 3), rng)
-
-
-def test_attention_on_rows_is_attention_on_the_grid():
-    rng = np.random.default_rng(4)
-    x, w = rng.standard_normal((4, 4, 4)), weights(rng, 4)
-    for causal in (False, True):
-        grid, _ = L.mha_forward(x, *w.values(), L.attention_bias(MASK, causal, np.float64), 2)
-        y, _ = L.attention_forward(x[MASK], *w.values(), L.token_rows(MASK, causal, np.float64), 2)
-        np.testing.assert_allclose(y, grid[MASK], rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_every_layer_keeps_the_dtype_and_writes_into_no_input(dtype):
-    rng = np.random.default_rng(5)
-    f = lambda *shape: rng.standard_normal(shape).astype(dtype)
-    rows = L.token_rows(MASK, True, dtype)
-    n = int(MASK.sum())
-    calls = [(L.linear_forward, L.linear_backward, (f(n, 4), f(4, 3), f(3)), (n, 3)),
-             (L.layernorm_forward, L.layernorm_backward, (f(n, 4), f(4), f(4)), (n, 4)),
-             (L.gelu_forward, L.gelu_backward, (f(n, 4),), (n, 4)),
-             (L.embedding_forward, L.embedding_backward, (np.array([1, 1, 0]), f(3, 4)), (3, 4)),
-             (L.attention_forward, L.attention_backward, (f(n, 4), f(4, 12), f(12), f(4, 4), f(4),
-                                                          rows, 2), (n, 4)),
-             (L.pool_forward, L.pool_backward, (f(n, 4), rows), (4, 4)),
-             (L.lm_head_forward, L.lm_head_backward, (f(n, 4), f(7, 4)), (n, 7))]
-    for forward, backward, args, dy_shape in calls:
-        dy, arrays = f(*dy_shape), [a for a in args if isinstance(a, np.ndarray)]
-        saved = [a.copy() for a in (dy, *arrays)]
-        y, cache = forward(*args)
-        grads = backward(dy, cache)
-        assert {o.dtype for o in (y, *(grads if isinstance(grads, tuple) else (grads,)))} == \
-            {np.dtype(dtype)}, forward.__name__
-        assert all(np.array_equal(a, b) for a, b in zip((dy, *arrays), saved)), forward.__name__
+    w = attention_weights(rng, 6)
+    expected = loop_attention(x, *w.values(), MASK, causal, 2)[MASK]
+    grid, _ = L.mha_forward(x, *w.values(), L.attention_bias(MASK, causal, np.float64), 2)
+    y, _ = L.attention_forward(x[MASK], *w.values(), L.token_rows(MASK, causal, np.float64), 2)
+    np.testing.assert_allclose(grid[MASK], expected, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(y, expected, rtol=1e-11, atol=1e-11)
 
 
 LENGTHS = (6, 2, 8, 1, 4)               # ragged; a 2-token (BOS, EOS) and a 1-token caption
@@ -132,19 +97,15 @@ def ragged_tokens(rng, lengths=LENGTHS, T=8):
 def test_encode_backward_against_finite_differences(causal, with_dhf):
     """Every parameter's gradient of sum(z * dz) (+ sum(hf * dhf), as the next-token head adds)."""
     rng = np.random.default_rng(6)
-    params, tokens = tiny_params(ONE_BLOCK, 6), ragged_tokens(rng)
+    tokens = ragged_tokens(rng)
     dz = rng.standard_normal((len(LENGTHS), 8))
     dhf = rng.standard_normal((sum(LENGTHS), 8)) if with_dhf else None
 
-    def loss():
-        z, hf, _ = encode(params, tokens, ONE_BLOCK, causal)
-        return np.sum(z * dz) + (np.sum(hf * dhf) if with_dhf else 0.0)
-
-    grads = encode_backward(dz, dhf, encode(params, tokens, ONE_BLOCK, causal)[2])
-    assert sorted(grads) == sorted(params)
-    for k in sorted(params):
-        err = rel_err(grads[k], numerical_grad(loss, params[k]))
-        assert err < 1e-7, f"d{k}: relative error {err:.1e}"
+    def loss(params, batch, cfg, rng):                          # as an objective returns it
+        z, hf, cache = encode(params, tokens, ONE_BLOCK, causal)
+        value = np.sum(z * dz) + (np.sum(hf * dhf) if with_dhf else 0.0)
+        return value, encode_backward(dz, dhf, cache), {}
+    check_gradients(loss, None, tiny_params(ONE_BLOCK, 6), None, tol=1e-7)
 
 
 @pytest.mark.parametrize("causal", [False, True])
