@@ -37,18 +37,10 @@ def clean_char(ch: str) -> str:
 
 def basic_tokenize(text: str) -> list[str]:
     """BERT's basic (uncased) tokenization: "Héllo, WORLD!" -> ["hello", ",", "world", "!"]."""
-    text = "".join(clean_char(ch) for ch in text)
-    words = []
-    for word in text.lower().split():
-        word = "".join(ch for ch in unicodedata.normalize("NFD", word)
-                       if unicodedata.category(ch) != "Mn")          # strip accents
-        start = 0                                  # each punctuation character: its own word
-        for i, ch in enumerate(word):
-            if ch in ASCII_PUNCTUATION or unicodedata.category(ch).startswith("P"):
-                words += [word[start:i], ch]
-                start = i + 1
-        words.append(word[start:])
-    return [w for w in words if w]
+    text = unicodedata.normalize("NFD", "".join(clean_char(ch) for ch in text).lower())
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Mn")    # strip accents
+    return "".join(f" {ch} " if ch in ASCII_PUNCTUATION or unicodedata.category(ch)[0] == "P"
+                   else ch for ch in text).split()       # each punctuation character: a word
 
 
 def word_pieces(word: str, index: dict) -> list[str]:
