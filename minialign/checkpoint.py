@@ -5,7 +5,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -37,8 +36,7 @@ def evaluate(params, cfg, data, out, step, splits):
         arrays, slots = {}, []
         for s in range(min(EVAL_SLOTS if split != "train" else 2, table.counts.max())):
             photos = np.flatnonzero(table.counts > s)                     # (P_s,)
-            rows = table.offsets[photos] + s
-            tokens = table.tokens[rows, :table.lengths[rows].max()]       # (P_s, T)
+            tokens = table.tokens[table.offsets[photos] + s]              # (P_s, T)
             with np.errstate(over="ignore", invalid="ignore"):
                 z = embed(params, tokens, cfg.model, CAUSAL[cfg.objective],
                           getattr(OBJECTIVES[cfg.objective], "encode", encode)).astype(np.float16)
@@ -122,8 +120,7 @@ def begin(out, saved, params, state, rngs, resume):
         state["t"] = meta["t"]
         for rng, saved_state in zip(rngs, meta["rngs"]):
             rng.bit_generator.state = saved_state
-        with open(out / "log.jsonl", "r+b") as f:
-            f.truncate(meta["log_bytes"])
+        os.truncate(out / "log.jsonl", meta["log_bytes"])
         for path in (out / "captions").glob("*.npz"):
             if int(path.stem.split("_step")[1]) > meta["step"]:
                 path.unlink()
@@ -160,29 +157,25 @@ def atomic_write(path, data):
     run killed mid-write) sees the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")     # one writer of it per process
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)                   # as open() would make it, not 0600
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
 def savez(path, **arrays):
-    """{name: array} as an uncompressed .npz, atomically, with a fixed timestamp in every zip
-    entry (np.savez stamps the current time), so the same arrays give the same bytes."""
+    """{name: array} as an uncompressed .npz, atomically, every zip entry stamped ZipInfo's
+    fixed 1980-01-01 (np.savez stamps the current time), so the same arrays give the same bytes."""
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, mode="w", compression=zipfile.ZIP_STORED) as zf:
+    with zipfile.ZipFile(buffer, mode="w") as zf:
         for name, array in arrays.items():
-            with zf.open(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
-                         force_zip64=True) as entry:
+            with zf.open(zipfile.ZipInfo(name + ".npy"), "w", force_zip64=True) as entry:
                 np.lib.format.write_array(entry, np.asanyarray(array), allow_pickle=False)
     atomic_write(path, buffer.getvalue())
 

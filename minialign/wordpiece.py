@@ -1,5 +1,4 @@
 """WordPiece tokenizer: BERT's uncased sub-word tokenization (Devlin et al. 2019; Wu et al. 2016).
-
 Text -> ids in two stages: basic_tokenize (clean, lower case, strip accents, split on whitespace,
 punctuation and CJK ideographs), then word_pieces (each word greedily into the longest vocabulary
 entries: "playing" -> "play", "##ing"). The ids are the vocabulary file's line numbers (BERT's),
@@ -7,14 +6,14 @@ except that [PAD] [UNK] [CLS] [SEP] [MASK] are swapped to 0-4, the ids minialign
 EOS MASK (tokenizer.py), with the entries that were there ([unused0] .. [unused3], which no text
 produces). So a caption is [CLS] pieces [SEP] = [BOS, ..., EOS], every piece with BERT's own id.
 Text is only text: "[MASK]" in a caption is "[", "mask", "]" (as in BERT's own tokenization.py;
-Hugging Face's BertTokenizer reads it as the special).
-"""
+Hugging Face's BertTokenizer reads it as the special)."""
+import string
 import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tokenizer import BOS, EOS, MAX_LEN, PAD, clean_caption
+from .tokenizer import BOS, EOS, MAX_LEN, Tokenizer, clean_caption
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # at ids PAD UNK BOS EOS MASK = 0-4
 MAX_WORD_CHARS = 100    # a longer word is one [UNK] (BERT's max_input_chars_per_word)
@@ -22,8 +21,7 @@ MAX_WORD_CHARS = 100    # a longer word is one [UNK] (BERT's max_input_chars_per
 # Hangul, Hiragana and Katakana are not among them: they are split like any other letters.
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-ASCII_PUNCTUATION = {chr(c) for r in ((33, 47), (58, 64), (91, 96), (123, 126))
-                     for c in range(r[0], r[1] + 1)}  # BERT counts "$+<=>^`|~" too
+ASCII_PUNCTUATION = set(string.punctuation)  # BERT counts "$+<=>^`|~" too
 
 
 def clean_char(ch: str) -> str:
@@ -39,18 +37,10 @@ def clean_char(ch: str) -> str:
 
 def basic_tokenize(text: str) -> list[str]:
     """BERT's basic (uncased) tokenization: "Héllo, WORLD!" -> ["hello", ",", "world", "!"]."""
-    text = "".join(clean_char(ch) for ch in text)
-    words = []
-    for word in text.lower().split():
-        word = "".join(ch for ch in unicodedata.normalize("NFD", word)
-                       if unicodedata.category(ch) != "Mn")          # strip accents
-        start = 0                                  # each punctuation character: its own word
-        for i, ch in enumerate(word):
-            if ch in ASCII_PUNCTUATION or unicodedata.category(ch).startswith("P"):
-                words += [word[start:i], ch]
-                start = i + 1
-        words.append(word[start:])
-    return [w for w in words if w]
+    text = unicodedata.normalize("NFD", "".join(clean_char(ch) for ch in text).lower())
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Mn")    # strip accents
+    return "".join(f" {ch} " if ch in ASCII_PUNCTUATION or unicodedata.category(ch)[0] == "P"
+                   else ch for ch in text).split()       # each punctuation character: a word
 
 
 def word_pieces(word: str, index: dict) -> list[str]:
@@ -72,26 +62,18 @@ def word_pieces(word: str, index: dict) -> list[str]:
 
 
 @dataclass(frozen=True)
-class WordPieceTokenizer:
-    """A WordPiece vocabulary, as tokenizer.Tokenizer's interface: vocab[i] is the string of
-    token id i, SPECIALS at ids 0..4 (read_vocab puts them there). Raises ValueError if the
-    specials are not at their ids or an entry appears twice."""
-    vocab: tuple[str, ...]
-    index: dict = field(init=False, repr=False, compare=False)  # entry -> id, built below
+class WordPieceTokenizer(Tokenizer):
+    """tokenizer.Tokenizer over a WordPiece vocabulary: vocab[i] is the string of token id i,
+    SPECIALS at ids 0..4 (read_vocab puts them there), each entry once, else ValueError."""
     cache: dict = field(init=False, repr=False, compare=False)  # text chunk -> ids (pieces)
 
     def __post_init__(self):
-        if tuple(self.vocab[:len(SPECIALS)]) != SPECIALS:
-            raise ValueError(f"vocab must start with {SPECIALS}, got {tuple(self.vocab[:5])}")
         index = {piece: i for i, piece in enumerate(self.vocab)}
-        if len(index) != len(self.vocab):
-            raise ValueError(f"vocab has {len(self.vocab) - len(index)} repeated entries")
+        if tuple(self.vocab[:len(SPECIALS)]) != SPECIALS or len(index) < len(self.vocab):
+            raise ValueError(f"a WordPiece vocabulary starts with {SPECIALS} and holds no "
+                             f"repeated entry")
         object.__setattr__(self, "index", index)    # frozen: set the derived fields once
         object.__setattr__(self, "cache", {})
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
 
     def pieces(self, text: str) -> list[int]:
         """BERT's ids of text's pieces, no [CLS] / [SEP]. basic_tokenize splits at every space,
@@ -105,24 +87,15 @@ class WordPieceTokenizer:
         return ids
 
     def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
-        """Caption -> (ids (n,) int32 = [BOS, pieces.., EOS], truncated), as Tokenizer.encode:
-        cleaned by clean_caption first, n <= max_len. Raises ValueError if max_len < 2."""
-        if max_len < 2:
-            raise ValueError(f"max_len must be >= 2 to hold BOS and EOS, got {max_len}")
+        """Tokenizer.encode with pieces for words: (ids (n,) int32 = [BOS, pieces.., EOS],
+        truncated to n <= max_len)."""
         pieces = self.pieces(clean_caption(caption))
         ids = [BOS] + pieces[:max_len - 2] + [EOS]
         return np.array(ids, dtype=np.int32), len(pieces) + 2 > max_len
 
     def decode(self, ids) -> str:
-        """ids (n,) int -> text: pieces joined by spaces, a "##" piece glued to the one before;
-        PAD and BOS omitted, up to the first EOS. Raises ValueError for an id outside [0, V)."""
-        ids = np.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self.vocab)):
-            raise ValueError(f"token ids must be in [0, {len(self.vocab)}), got "
-                             f"[{ids.min()}, {ids.max()}]")
-        ids = ids.tolist()
-        ids = ids[:ids.index(EOS)] if EOS in ids else ids
-        return " ".join(self.vocab[i] for i in ids if i not in (BOS, PAD)).replace(" ##", "")
+        """Tokenizer.decode with a "##" piece glued to the one before."""
+        return super().decode(ids).replace(" ##", "")
 
 
 def read_vocab(path) -> WordPieceTokenizer:
@@ -130,16 +103,13 @@ def read_vocab(path) -> WordPieceTokenizer:
     -> WordPieceTokenizer, each special swapped with the entry at its minialign id. Raises
     FileNotFoundError / ValueError in one line naming the file."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            vocab = f.read().split("\n")
+        with open(path, encoding="utf-8") as f:             # "\r\n" read as "\n"
+            vocab = f.read().removesuffix("\n").split("\n")  # the last newline ends no entry
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not a UTF-8 vocabulary file ({err.reason})") from None
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such vocabulary file (`make data` downloads "
                                 f"BERT's; or --tokenizer words)") from None
-    if vocab and vocab[-1] == "":
-        vocab.pop()                                          # the final newline ends no entry
-    vocab = [v.removesuffix("\r") for v in vocab]
     missing = [s for s in SPECIALS if s not in vocab]
     if missing:
         raise ValueError(f"{path}: not a WordPiece vocabulary: no {', '.join(missing)} line")

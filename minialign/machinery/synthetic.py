@@ -88,21 +88,10 @@ KIND_BLOCK = 1 + sum(len(values) for _, values in ATTRIBUTES)   # present bit + 
 N_FACTORS = len(SETTINGS) + len(KINDS) * KIND_BLOCK             # 24 + 60 * 24 = 1464
 
 
-def choice_cdf(p):
-    cdf = np.cumsum(p)
-    return cdf / cdf[-1]
-
-
-ZIPF_CDF = {n: choice_cdf(w / w.sum()) for n in range(1, 6)             # n synonyms
-            for w in [1 / np.arange(1, n + 1) ** ZIPF]}
-COUNT_CDF = choice_cdf(COUNT_P)
-
-
-def pick(options, rng, cdf=None):
-    """One of options, i with weight 1 / (i + 1) ** ZIPF or by cdf (choice_cdf(p)): the draw of
-    rng.choice(n, p=p) without its slow checks of p."""
-    cdf = ZIPF_CDF[len(options)] if cdf is None else cdf
-    return options[int(cdf.searchsorted(rng.random(), side="right"))]
+def pick(options, rng, p=None):
+    """One of options, i with weight 1 / (i + 1) ** ZIPF, or with probability p[i]."""
+    w = 1 / np.arange(1, len(options) + 1) ** ZIPF
+    return options[rng.choice(len(options), p=w / w.sum() if p is None else p)]
 
 
 def sample_scene(rng):
@@ -110,12 +99,10 @@ def sample_scene(rng):
     objects of different kinds, most salient first; count by COUNT_P, the rest uniform."""
     n_objects = int(rng.choice(N_OBJECTS))
     kinds = rng.choice(len(KINDS), size=n_objects, replace=False)               # (n_objects,)
-    objects = [{"kind": list(KINDS)[k], "colour": list(COLOURS)[int(rng.integers(len(COLOURS)))],
-                "count": pick(list(COUNTS), rng, COUNT_CDF),
-                "size": list(SIZES)[int(rng.integers(len(SIZES)))],
-                "position": list(POSITIONS)[int(rng.integers(len(POSITIONS)))]}
-               for k in kinds.tolist()]
-    return {"setting": list(SETTINGS)[int(rng.integers(len(SETTINGS)))], "objects": objects}
+    objects = [{"kind": list(KINDS)[k], "colour": str(rng.choice(list(COLOURS))),
+                "count": pick(list(COUNTS), rng, COUNT_P), "size": str(rng.choice(list(SIZES))),
+                "position": str(rng.choice(list(POSITIONS)))} for k in kinds.tolist()]
+    return {"setting": str(rng.choice(list(SETTINGS))), "objects": objects}
 
 
 def scene_factors(scene):
@@ -142,7 +129,7 @@ def _object_phrase(obj, boost, rng):
     said = {name: rng.random() < min(1.0, p * boost) for name, p in P_ATTRIBUTE.items()}
     singular, plural = pick(KINDS[obj["kind"]], rng)
     words = [pick(COUNTS[obj["count"]], rng)]
-    words += [DETAILS[int(rng.integers(len(DETAILS)))]] if rng.random() < P_DETAIL else []
+    words += [rng.choice(DETAILS)] if rng.random() < P_DETAIL else []
     words += [pick(SIZES[obj["size"]], rng)] if said["size"] else []
     words += [pick(COLOURS[obj["colour"]], rng)] if said["colour"] else []
     words += [singular if obj["count"] == 1 else plural]   # English order: count, size, colour
@@ -161,7 +148,7 @@ def caption(scene, rng):
     name = pick(SETTINGS[scene["setting"]], rng) if rng.random() < P_SETTING else None
     prep = SETTING_PREPOSITION.get(scene["setting"], "in")
     setting = name and f"{prep} {_with_article('a ' + name)}"
-    verb = f" {VERBS[int(rng.integers(len(VERBS)))]}" if rng.random() < P_VERB else ""
+    verb = f" {rng.choice(VERBS)}" if rng.random() < P_VERB else ""
     where = verb + (f" {setting}" if setting else "")
     template = int(rng.integers(6))
     if template == 0:    # two red cups and a dog [sitting] in a kitchen
@@ -169,7 +156,7 @@ def caption(scene, rng):
     elif template == 1:  # there are two red cups [sitting] in a kitchen
         text = f"there {'are' if many else 'is'} {items}{where}"
     elif template == 2:  # a picture of two red cups [sitting] in a kitchen
-        text = _with_article(f"a {PICTURE[int(rng.integers(len(PICTURE)))]} of {items}{where}")
+        text = _with_article(f"a {rng.choice(PICTURE)} of {items}{where}")
     elif template == 3 and setting:  # in a kitchen, two red cups [sitting]
         text = f"{setting}, {items}{verb}"
     elif template == 4 and setting:  # a kitchen with two red cups [sitting]
@@ -254,9 +241,8 @@ def write_world(out, n_scenes=2000, seed=0, force=False):
 def world_ceiling(image_ids, factors, embeddings, k=MUTUAL_KNN_K, split_seed=SPLIT_SEED):
     """Mutual k-NN (metrics.mutual_knn) in [0, 1] of the TEST scenes' factors (N, F) of 0s and
     1s with their embeddings (N, D): what a text encoder that recovered every scene would score."""
-    factors, embeddings = np.asarray(factors, dtype=np.float64), np.asarray(embeddings)
     test = split_photos(image_ids, split_seed)["test"]                          # (N_test,)
-    test = test[np.argsort(np.asarray(image_ids)[test], kind="stable")]
+    test = test[np.argsort(image_ids[test], kind="stable")]
     knn_image = knn_indices(embeddings[test], k)             # (N_test, k); checks 1 <= k < N_test
     # the factors' k-NN ranked by cos^2 * n_i = G_ij^2 / n_j, G = f f^T exact integers, n_j = G_jj:
     # equal cosines are equal floats on any BLAS, and a stable sort gives ties to the lower row

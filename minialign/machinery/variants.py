@@ -129,10 +129,8 @@ def variant(pair="views", loss="vicreg", projector=False, pool="mean"):
         if causal:
             grads["tok_emb"] += dtok_emb
         return out, grads, stats
-    objective.causal = pair == "next"
     objective.encode = encode_last if pool == "last" else encode
-    if projector:
-        objective.init = projector_init
+    objective.init = projector_init if projector else lambda model, rng: {}
     return objective
 
 
@@ -147,4 +145,4 @@ VARIANTS = {
     "bad_views_drop": variant("dropped"),
 }
 OBJECTIVES.update(VARIANTS)
-CAUSAL.update({name: fn.causal for name, fn in VARIANTS.items()})
+CAUSAL.update({name: name.startswith("next_token") for name in VARIANTS})
