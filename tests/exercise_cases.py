@@ -1,11 +1,9 @@
 """What the class grader asks of each exercise (docs/course.md, "A class"): the function it calls
-and the inputs, drawn from the run's Generator. The grader calls the function in a student's
-copy (in a child process) and in this repository, and compares everything that comes back,
-and the inputs after the call, in its own process. The cases are the contract, not a list of
-known mistakes: float32 and float64 (arrays keep their dtype, integers stay integers),
-non-square and ragged shapes, and the extremes each formula invites: ties and duplicated rows,
-logits far apart, saturated activations, constant rows, rank-deficient inputs, empty and
-one-word captions, every special token."""
+and the inputs, drawn from the run's Generator. The cases are the contract, not a list of known
+mistakes: float32 and float64 (arrays keep their dtype, integers stay integers), non-square and
+ragged shapes, and the extremes each formula invites: ties and duplicated rows, logits far apart,
+saturated activations, constant rows, rank-deficient inputs, empty and one-word captions, every
+special token."""
 import numpy as np
 
 from minialign import layers as L

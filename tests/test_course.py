@@ -56,26 +56,28 @@ def test_broken_markers_are_refused_naming_the_line(text, message):
         course.parse(text, "m.py")
 
 
-def test_blank_and_splice_keep_every_other_byte():
+def test_a_stub_spliced_in_and_out_keeps_every_other_byte():
     text = ("def f(x):\n    \"\"\"Doc.\"\"\"\n    # --- exercise 1: f ---\n    y = x + 1\r\n"
             "    return y\n    # --- end of exercise 1 ---\n\n\nZ = 3\r\n")
-    stub = course.blank(text, "m.py")
+    stub = course.splice(text, "m.py", {1: [course.parse(text, "m.py")[0].stub]})
     assert stub == ("def f(x):\n    \"\"\"Doc.\"\"\"\n    # --- exercise 1: f ---\n    raise "
                     "NotImplementedError(\"exercise 1: f — see docs/course.md#exercise-1\")\n"
                     "    # --- end of exercise 1 ---\n\n\nZ = 3\r\n")
-    assert course.blank(text, "m.py", solved={1}) == text
-    assert course.splice(stub, text, "m.py") == text
-    assert course.splice(stub, text, "m.py", numbers=[]) == stub
+    assert course.splice(text, "m.py", {}) == text
+    assert course.splice(stub, "m.py", {1: ["    y = x + 1\r\n", "    return y\n"]}) == text
+    with pytest.raises(ValueError, match="^m.py: marks no exercise 2$"):
+        course.splice(stub, "m.py", {2: []})
 
 
 def test_the_copy_is_the_repository_with_only_the_bodies_blanked(blank):
     for rel in copied_files():
         original = (ROOT / rel).read_bytes()
-        expected = course.blank(original.decode(), rel).encode() if rel in CORE else original
+        stubs = {e.number: [e.stub] for e in EXERCISES if e.path == rel}
+        expected = course.splice(original.decode(), rel, stubs).encode() if stubs else original
         assert (blank / rel).read_bytes() == expected, rel
     for e in EXERCISES:
         text = (blank / e.path).read_text()
-        assert f"# --- exercise {e.number}: {e.title} ---\n    {e.stub}\n" in text
+        assert f"# --- exercise {e.number}: {e.title} ---\n{e.stub}" in text
     assert [(e.number, e.title, e.path) for e in course.list_exercises(blank)] == \
         [(e.number, e.title, e.path) for e in EXERCISES]
     assert not any((blank / rel).exists() for rel in course.repository_files(ROOT)
@@ -143,10 +145,14 @@ def test_the_class_grader_fails_every_mutant_and_passes_the_reference(tmp_path):
     import mutants
     assert sorted(mutants.MUTANTS) == ALL
     for n, found in mutants.MUTANTS.items():     # write_class: each old text once, a change
-        assert len({name for name, _, _ in found}) == len(found) >= 4, n
+        assert len({what for what, *_ in found}) == len(found) >= 4, n
+    placed = sorted((n, k) for copy in mutants.schedule() for n, k in copy.items())
+    assert placed == [(n, k) for n in ALL for k in range(len(mutants.MUTANTS[n]))]
     assert not any({1, 5} <= set(copy) for copy in mutants.schedule())  # 5 calls 1's code
-    reference, results = mutants.grade_mutants(tmp_path)
-    assert reference == {n: ("passed", "") for n in ALL}, reference
-    passed = [f"exercise {n} {name} ({what})" for n, name, what, status, _ in results
-              if status == "passed"]
+    plan = mutants.write_class(tmp_path)
+    rows = {(Path(r["copy"]).name, r["exercise"]): (r["status"], r["detail"])
+            for r in course.grade_class(tmp_path, seed=mutants.SEED)}
+    assert {n: rows["reference", n] for n in ALL} == {n: ("passed", "") for n in ALL}, rows
+    passed = [f"exercise {n} ({what})" for name, copy in plan.items()
+              for n, what in copy.items() if rows[name, n][0] == "passed"]
     assert not passed, f"{len(passed)} mutant(s) graded passed:\n" + "\n".join(passed)

@@ -19,23 +19,20 @@ confined = pytest.mark.skipif(not course_child.landlock_abi(),
                               reason="only Linux' Landlock keeps a child from the teacher's files")
 
 
-def copy_with(folder, name, edits=(), student=None, solved=ALL):
-    """A solved copy in folder/name, each (module, old, new) of edits applied (old "" puts
-    new at the top of the module; new None deletes it)."""
-    out = folder / name
-    course.write_copy(out, solved=solved, student=student)
-    for module, old, new in edits:
-        path = out / "minialign" / module
+def copy_with(folder, name, edit=None, student=None, solved=ALL):
+    """A solved copy in folder/name with edit (module, old, new) made: old replaced by new (old
+    "": new put at the top of the module; new None: the module deleted)."""
+    course.write_copy(folder / name, solved=solved, student=student)
+    if edit:
+        module, old, new = edit
+        path = folder / name / "minialign" / module
+        text = path.read_bytes()
+        assert not old or text.count(old.encode()) == 1, edit
         if new is None:
             path.unlink()
-        elif old:
-            text = path.read_text()
-            assert text.count(old) == 1, (module, old)
-            path.write_text(text.replace(old, new))
         else:
-            path.write_bytes(new.encode() + path.read_bytes() if isinstance(new, str) else new
-                             + path.read_bytes())
-    return out
+            path.write_bytes(text.replace(old.encode(), new if isinstance(new, bytes)
+                                          else new.encode(), 1))
 
 
 def read(path):
@@ -52,16 +49,14 @@ def statuses(rows):
 @POSIX_SIGNALS               # what a killed, hung or flooding child leaves is POSIX's to say
 def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, capsys,
                                                                      monkeypatch):
-    edits = {"exit": [("layers.py", "", "import sys\nsys.exit(3)\n")],
-             "hang": [("metrics.py", "", "while True:\n    pass\n")],
-             "forks": [("optim.py", "", "import os, time\nif os.fork() == 0:\n"
-                        "    time.sleep(600)\n")],
-             "latin1": [("losses.py", "", b'CAFE = "caf\xe9"\n')],
-             "missing": [("metrics.py", None, None)],
-             "marker": [("optim.py", "    # --- exercise 9: AdamW step ---\n", "")],
-             "shouts": [("objectives.py", "", "print('x' * (100 << 20))\n")],
-             "killed": [("layers.py", "", "import os, signal\n"
-                         "os.kill(os.getpid(), signal.SIGKILL)\n")]}
+    edits = {"exit": ("layers.py", "", "import sys\nsys.exit(3)\n"),
+             "hang": ("metrics.py", "", "while True:\n    pass\n"),
+             "forks": ("optim.py", "", "import os, time\nif not os.fork():\n    time.sleep(600)\n"),
+             "latin1": ("losses.py", "", b'CAFE = "caf\xe9"\n'),
+             "missing": ("metrics.py", "", None),
+             "marker": ("optim.py", "    # --- exercise 9: AdamW step ---\n", ""),
+             "shouts": ("objectives.py", "", "print('x' * (100 << 20))\n"),
+             "killed": ("layers.py", "", "import os\nos.kill(os.getpid(), 9)\n")}
     for name, e in edits.items():
         copy_with(tmp_path, name, e, student=name)
     copy_with(tmp_path, "good")
@@ -75,7 +70,8 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
     assert s[("exit", 1)] == ("error", "SystemExit: 3 (at minialign/layers.py:2)")
     assert s[("hang", 12)] == ("error", "timed out after 5 s") and s[("hang", 1)][0] == "passed"
     assert s[("latin1", 6)][0] == "error" and "losses.py" in s[("latin1", 6)][1]
-    assert s[("missing", 13)] == ("error", "minialign/metrics.py is missing")
+    assert s[("missing", 13)] == ("error", "ModuleNotFoundError: No module named "
+                                           "'minialign.metrics'")
     assert s[("marker", 9)][0] == "passed"
     assert s[("shouts", 10)][0] == "error" and "File too large" in s[("shouts", 10)][1]
     assert s[("killed", 2)][0] == "error" and "SIGKILL" in s[("killed", 2)][1]
@@ -94,21 +90,20 @@ def test_no_cheat_reaches_a_verdict_the_teachers_files_another_copy_or_the_csv(t
     csv_path, other = tmp_path / "grades.csv", tmp_path / "victim" / "minialign" / "layers.py"
     solutions, tests = str(ROOT / "minialign" / "layers.py"), str(ROOT / course.CASES)
     edits = {
-        "reads_solutions": [("layers.py", "    x, w = cache\n",
-                             f"    exec(open({solutions!r}).read())\n    x, w = cache\n")],
-        "writes_tests": [("metrics.py", "", f"open({tests!r}, 'a').write('x')\n")],
-        "writes_csv": [("losses.py", "", f"open({str(csv_path)!r}, 'w').write('x')\n")],
-        "breaks_other": [("optim.py", "", f"open({str(other)!r}, 'w').write('x')\n")],
-        "late_writer": [("objectives.py", "", "import os, time\nif os.fork() == 0:\n"
-                         f"    os.setsid()\n    time.sleep(2)\n"
-                         f"    open({str(csv_path)!r}, 'w').write('x')\n")],
-        "patches_numpy": [("metrics.py", "", "import numpy\nnumpy.allclose = numpy.array_equal = "
-                           "lambda *a, **k: True\n")],
-        "reads_other": [("layers.py", "    x, w = cache\n",
-                         f"    exec(open({str(other)!r}).read())\n    x, w = cache\n")],
-        "downloads": [("losses.py", "", f"import urllib.request\nurllib.request.urlopen("
-                       f"{server.url!r})\n")],
-        "forges": [("metrics.py", "", "import __main__\n__main__.call = lambda *a: {}\n")]}
+        "reads_solutions": ("layers.py", "    x, w = cache\n",
+                            f"    exec(open({solutions!r}).read())\n    x, w = cache\n"),
+        "writes_tests": ("metrics.py", "", f"open({tests!r}, 'a').write('x')\n"),
+        "writes_csv": ("losses.py", "", f"open({str(csv_path)!r}, 'w').write('x')\n"),
+        "breaks_other": ("optim.py", "", f"open({str(other)!r}, 'w').write('x')\n"),
+        "late_writer": ("objectives.py", "", "import os, time\nif os.fork() == 0:\n    os.setsid()"
+                        f"\n    time.sleep(2)\n    open({str(csv_path)!r}, 'w').write('x')\n"),
+        "patches_numpy": ("metrics.py", "", "import numpy\nnumpy.allclose = numpy.array_equal = "
+                          "lambda *a, **k: True\n"),
+        "reads_other": ("layers.py", "    x, w = cache\n",
+                        f"    exec(open({str(other)!r}).read())\n    x, w = cache\n"),
+        "downloads": ("losses.py", "", "import urllib.request\n"
+                      f"urllib.request.urlopen({server.url!r})\n"),
+        "forges": ("metrics.py", "", "import __main__\n__main__.call = lambda *a: {}\n")}
     for name, e in edits.items():
         copy_with(tmp_path, name, e, student=name, solved=[] if name == "patches_numpy" else ALL)
     copy_with(tmp_path, "victim")

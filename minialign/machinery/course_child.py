@@ -1,9 +1,8 @@
 """The class grader's child (course.py): `python -I -S course_child.py SCRATCH NUMPY_DIR` calls
 one function of a student's copy on the inputs in SCRATCH/job.pkl and writes what it returned,
-and its inputs after the call, to SCRATCH/out.npz. Before the student's code is imported the
-child limits its CPU time, memory and file sizes, and on Linux gives up (Landlock) the right to
-read or write any file but the copy's, Python's, numpy's and the scratch folder's: nothing the
-code does can reach the teacher's files, another copy or the grades. It judges nothing."""
+and its inputs after the call, to SCRATCH/out.npz; it judges nothing. Before the copy's code is
+imported it limits CPU time, memory, file sizes and processes, and on Linux (Landlock) gives up
+reading or writing any file but the copy's, Python's, numpy's and the scratch folder's."""
 import os
 import pickle
 import struct
@@ -20,21 +19,17 @@ READ = 0b1101                                    # Landlock: execute, read files
 ALL = (1 << 13) - 1                              # Landlock ABI 1: every file-system right
 
 
-def flatten(x, key="", out=None):
+def flatten(x, key=""):
     """Nested dicts, tuples and lists of arrays as {"key/part": array}: what the grader compares.
     A Generator is left out (its draws show in the outputs); anything else not numeric is
     kept as its type's name."""
-    out = {} if out is None else out
-    if isinstance(x, dict):
-        for k, v in x.items():
-            flatten(v, f"{key}/{k}", out)
-    elif isinstance(x, (tuple, list)):
-        for i, v in enumerate(x):
-            flatten(v, f"{key}/{i}", out)
-    elif not isinstance(x, np.random.Generator):
-        a = np.asarray(x)
-        out[key] = np.array(f"a {type(x).__name__}") if a.dtype.hasobject else a
-    return out
+    if isinstance(x, (dict, tuple, list)):
+        parts = x.items() if isinstance(x, dict) else enumerate(x)
+        return {k: v for part, y in parts for k, v in flatten(y, f"{key}/{part}").items()}
+    if isinstance(x, np.random.Generator):
+        return {}
+    a = np.asarray(x)
+    return {key: np.array(f"a {type(x).__name__}") if a.dtype.hasobject else a}
 
 
 def call(function, args, key):
@@ -73,14 +68,6 @@ def landlock(readable, writable):
     return libc.syscall(446, ruleset, 0) == 0    # landlock_restrict_self
 
 
-def where(error, copy):
-    """The last line of the traceback in the copy, as "minialign/layers.py:52", or ""."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if os.path.abspath(f.filename).startswith(copy + os.sep)]
-    return (f" (at {os.path.relpath(frames[-1].filename, copy)}:{frames[-1].lineno})"
-            if frames else "")
-
-
 def main(scratch):
     with open(os.path.join(scratch, "job.pkl"), "rb") as f:
         job = pickle.load(f)                     # {copy, module, function, cases, readable}
@@ -103,7 +90,10 @@ def main(scratch):
             results.update(call(function, args, i))
     except BaseException as e:                   # noqa: BLE001 (the grader says what it was)
         message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        results = {"error": np.array(message + where(e, job["copy"]))}
+        in_copy = [f"{os.path.relpath(f.filename, job['copy'])}:{f.lineno}"  # minialign/x.py:52
+                   for f in traceback.extract_tb(e.__traceback__)
+                   if os.path.abspath(f.filename).startswith(job["copy"] + os.sep)]
+        results = {"error": np.array(message + (f" (at {in_copy[-1]})" if in_copy else ""))}
     np.savez(os.path.join(scratch, "out.npz"), **results)
     os._exit(0)                                  # no atexit handler of the student's runs
 
