@@ -56,29 +56,23 @@ def load_embeddings(path):
         raise ValueError(f"{path}: cannot read the .npz (corrupt or truncated?): {err}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: meta must be a 0-d string holding a JSON object")
-    missing = [k for k in ("image_ids", "embeddings") if k not in arrays]
-    if missing:
-        raise ValueError(f"{path}: lacks arrays {missing} (has {sorted(arrays)})")
-    ids, emb = arrays["image_ids"], arrays["embeddings"]
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise ValueError(f"{path}: image_ids must be a 1-D integer array, got shape "
-                         f"{ids.shape} dtype {ids.dtype}")
-    if emb.ndim != 2 or emb.dtype.kind != "f" or len(emb) != len(ids):
-        raise ValueError(f"{path}: embeddings must be a float (N, D) array with N = "
-                         f"{len(ids)} image ids, got shape {emb.shape} dtype {emb.dtype}")
-    if (meta.get("count", len(emb)), meta.get("dim", emb.shape[1])) != emb.shape:
-        raise ValueError(f"{path}: meta says count = {meta.get('count')}, dim = "
-                         f"{meta.get('dim')} but the embeddings are {emb.shape}")
+    ids, emb = arrays.get("image_ids"), arrays.get("embeddings")
+    if (ids is None or emb is None or ids.ndim != 1 or ids.dtype.kind not in "iu" or emb.ndim != 2
+            or emb.dtype.kind != "f" or len(emb) != len(ids)
+            or (meta.get("count", len(emb)), meta.get("dim", emb.shape[1])) != emb.shape):
+        got = ", ".join(f"{k} {a.shape} {a.dtype}" for k, a in arrays.items() if k != "meta")
+        raise ValueError(f"{path}: expected image_ids (N,) integer, embeddings (N, D) float and "
+                         f"meta's count = N, dim = D if any; got {got}, meta's count = "
+                         f"{meta.get('count')}, dim = {meta.get('dim')}")
     bad = ~np.isfinite(emb).all(axis=1)
     if bad.any():
         raise ValueError(f"{path}: {bad.sum()} of {len(emb)} embedding rows hold NaN or Inf "
                          f"(image ids {ids[bad][:5].tolist()} ...)")
-    order = np.argsort(ids, kind="stable")
-    ids, emb = ids[order].astype(np.int64), emb[order].astype(np.float32)
-    repeated = ids[1:][ids[1:] == ids[:-1]]
-    if len(repeated):
+    ids, order, counts = np.unique(ids, return_index=True, return_counts=True)   # ids sorted
+    if (counts > 1).any():
         raise ValueError(f"{path}: image ids occur more than once (e.g. "
-                         f"{np.unique(repeated)[:5].tolist()})")
+                         f"{ids[counts > 1][:5].tolist()})")
+    ids, emb = ids.astype(np.int64), emb[order].astype(np.float32)
     ids.setflags(write=False)
     emb.setflags(write=False)
     return Embeddings(path, ids, emb, meta)
@@ -115,10 +109,10 @@ def knn_mask(x, k):
     return above | tied
 
 
-def mean_mutual_knn(ids, z_slots, emb, where, memo):
+def mean_mutual_knn(ids, z_slots, emb, where, memo=None):
     """Mean over slots of mutual kNN@K of captions z (N, D) with the images of `ids` (N,); memo
-    keeps the images' knn masks."""
-    key = (str(emb.path), ids.tobytes())
+    (a dict) keeps the images' knn masks."""
+    key, memo = (str(emb.path), ids.tobytes()), {} if memo is None else memo
     if key not in memo:
         memo[key] = knn_mask(images_of(emb, ids, where), K)
     return float(np.mean([np.mean(np.sum(knn_mask(z, K) & memo[key], axis=1) / K)
@@ -148,7 +142,7 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     if len(ids) <= K:
         raise ValueError(f"{where}: {len(ids)} photos have every caption slot; mutual kNN@{K} "
                          f"needs at least {K + 1}")
-    out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where, {} if memo is None else memo)
+    out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where, memo)
     out["chance"]["mutual_knn"] = K / (len(ids) - 1)
     if train_slots is not None:
         train_ids, train_z = train_slots[0]
@@ -161,20 +155,12 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     return out
 
 
-def saved_files(run_dir):
-    """{split: {step: path}} of a run directory; errors name the directory."""
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory")
-    files = {split: caption_files(run_dir, split) for split in ("val", "test", "train")}
-    if not files["val"]:
-        raise ValueError(f"{run_dir}: not a run directory (no captions/val_step*.npz)")
-    return files
-
-
 def score_run(run_dir, emb=None, step=None, memo=None):
     """{"step", "val": score_split, and "test" (with R@k) if saved at `step`} at `step` (default:
     the last); emb: as score_split."""
-    files = saved_files(run_dir)
+    files = {split: caption_files(run_dir, split) for split in ("val", "test", "train")}
+    if not files["val"]:
+        raise ValueError(f"{run_dir}: not a run directory (no captions/val_step*.npz)")
     step = max(files["val"]) if step is None else step
     if step not in files["val"]:
         raise ValueError(f"{run_dir}: no captions saved at step {step} (steps "
@@ -190,7 +176,7 @@ def score_run(run_dir, emb=None, step=None, memo=None):
 
 def curve(run_dir, emb, memo=None):
     """{"step": [...], "mutual_knn": [...]}: val mutual kNN@K at every step that saved val."""
-    memo, files = {} if memo is None else memo, saved_files(run_dir)["val"]
+    files = caption_files(run_dir, "val")
     return {"step": list(files), "mutual_knn": [
         mean_mutual_knn(*slot_rows(load_caption_slots(path)), emb, f"{run_dir} val", memo)
         for path in files.values()]}
