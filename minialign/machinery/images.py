@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, collapse_stats, cosine_similarity,
-                       fit_procrustes, paraphrase_r_at_1, rotated_recall)
+from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, collapse_stats, fit_procrustes, knn_indices,
+                       paraphrase_r_at_1, rotated_recall)
 from .runs import md_table, caption_files, load_caption_slots, read_json
 
 K = MUTUAL_KNN_K
@@ -96,17 +96,12 @@ def images_of(emb, ids, where):
     return emb.embeddings[rows]
 
 
-def knn_mask(x, k):
-    """(N, N) bool: row i marks the k rows of x (N, D) nearest to row i by cosine, itself
-    excluded, ties to the lower index: metrics.knn_indices' set, by np.partition (faster)."""
-    sim = cosine_similarity(x, x)                                             # (N, N)
-    np.fill_diagonal(sim, -np.inf)
-    kth = -np.partition(-sim, k - 1, axis=1)[:, k - 1:k]                      # (N, 1)
-    above, tied = sim > kth, sim == kth                                       # (N, N)
-    need = k - above.sum(axis=1)                                              # (N,) >= 1
-    many = np.flatnonzero(tied.sum(axis=1) > need)      # rows with more ties than places
-    tied[many] &= np.cumsum(tied[many], axis=1) <= need[many, None]           # lowest indices
-    return above | tied
+def knn_mask(x):
+    """(N, N) bool: row i marks metrics.knn_indices(x, K)[i], the K rows of x (N, D) nearest
+    to row i, as metrics.mutual_knn builds it."""
+    mask = np.zeros((len(x), len(x)), dtype=bool)
+    mask[np.arange(len(x))[:, None], knn_indices(x, K)] = True
+    return mask
 
 
 def mean_mutual_knn(ids, z_slots, emb, where, memo=None):
@@ -114,8 +109,8 @@ def mean_mutual_knn(ids, z_slots, emb, where, memo=None):
     (a dict) keeps the images' knn masks."""
     key, memo = (str(emb.path), ids.tobytes()), {} if memo is None else memo
     if key not in memo:
-        memo[key] = knn_mask(images_of(emb, ids, where), K)
-    return float(np.mean([np.mean(np.sum(knn_mask(z, K) & memo[key], axis=1) / K)
+        memo[key] = knn_mask(images_of(emb, ids, where))
+    return float(np.mean([np.mean(np.sum(knn_mask(z) & memo[key], axis=1) / K)
                           for z in z_slots]))
 
 
