@@ -79,11 +79,9 @@ def load_embeddings(path):
 
 
 def positions(haystack, needles):
-    """The index of each of needles (N,) in haystack (P,), or -1; by sorting once."""
-    order = np.argsort(haystack, kind="stable")
-    at = np.minimum(np.searchsorted(haystack[order], needles), max(len(haystack) - 1, 0))
-    found = haystack[order][at] == needles if len(haystack) else np.zeros(len(needles), bool)
-    return np.where(found, order[at], -1)
+    """The index (N,) int64 of each of needles (N,) in haystack (P,) of unique ids, or -1."""
+    index = {h: i for i, h in enumerate(haystack.tolist())}
+    return np.array([index.get(n, -1) for n in needles.tolist()], dtype=np.int64)
 
 
 def images_of(emb, ids, where):
