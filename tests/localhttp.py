@@ -40,13 +40,11 @@ class Handler(BaseHTTPRequestHandler):
     def reply(self, status, body, headers=None, send=None):
         """Headers promising len(body) bytes, then the first `send` of them (all: None)."""
         self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(body[:send])
-        self.close_connection = True
+        self.wfile.write(body[:send])               # HTTP/1.0: then the connection closes
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from PIL import Image
 
 from minialign.data import load_captions, split_photos
 from minialign.machinery import coco
-from minialign.machinery.coco import DownloadError, download
+from minialign.machinery.coco import download
 
 FAST = {"backoff": 0.01}                        # retries wait 0.01, 0.02, ... s
 
@@ -47,12 +47,19 @@ def test_download_checks_sha256_and_resumes_a_cut_with_a_range_request(https, tm
     assert https.requests == [("/cut-once/a.bin", None), ("/cut-once/a.bin", "bytes=10000-")]
     assert download(f"{https.url}/files/a.bin", dest, sha256=sha(body)) == dest
     assert len(https.requests) == 2                       # a checked copy: no request
+    url, other = f"{https.url}/files/a.bin", tmp_path / "other"
+    with pytest.raises(ValueError) as err:                # a wrong sha256: nothing kept
+        download(url, other / "a.bin", sha256="0" * 64)
+    assert str(err.value) == (f"{url}: downloaded 20000 bytes with sha256 {sha(body)}, expected "
+                              f"{'0' * 64} (a damaged download or another file); deleted, rerun "
+                              f"to download again")
+    assert list(other.iterdir()) == []
 
 
 def test_tries_used_up_keep_the_part_and_a_rerun_resumes_it(https, tmp_path):
     body = https.files["a.bin"] = data(16_000)
     url, dest = f"{https.url}/cut-always/a.bin", tmp_path / "a.bin"
-    with pytest.raises(DownloadError) as err:
+    with pytest.raises(ConnectionError) as err:
         download(url, dest, retries=2, **FAST)
     kept = 8000 + 4000 + 2000                             # half, then half the rest, ...
     part = tmp_path / "a.bin.part"
@@ -68,52 +75,39 @@ def test_tries_used_up_keep_the_part_and_a_rerun_resumes_it(https, tmp_path):
     assert dest.read_bytes() == body and not part.exists()
 
 
-def test_a_wrong_sha256_is_refused_and_nothing_kept(https, tmp_path):
-    body = https.files["a.bin"] = data(5000)
-    url = f"{https.url}/files/a.bin"
-    with pytest.raises(ValueError) as err:
-        download(url, tmp_path / "a.bin", sha256="0" * 64)
-    assert str(err.value) == (f"{url}: downloaded 5000 bytes with sha256 {sha(body)}, expected "
-                              f"{'0' * 64} (a damaged download or another file); deleted, rerun "
-                              f"to download again")
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_server_errors_are_retried_and_a_404_is_not(https, tmp_path, capsys):
     body = https.files["a.bin"] = data(3000)
     download(f"{https.url}/flaky/a.bin", tmp_path / "a.bin", **FAST)
     assert (tmp_path / "a.bin").read_bytes() == body and len(https.requests) == 3
     assert "HTTP 500 Internal Server Error; retry 2/4 in 0.0 s" in capsys.readouterr().err
-    with pytest.raises(DownloadError, match=r"/files/none: HTTP 404 Not Found; check the URL$"):
+    with pytest.raises(ConnectionError, match=r"/files/none: HTTP 404 Not Found; check the URL$"):
         download(f"{https.url}/files/none", tmp_path / "b.bin", **FAST)
     assert len(https.requests) == 4 and not (tmp_path / "b.bin.part").exists()
 
 
 def test_an_untrusted_certificate_fails_at_once(tls_server, tmp_path):
     tls_server.files["a.bin"] = data(100)                 # SSL_CERT_FILE not set
-    with pytest.raises(DownloadError, match="TLS certificate does not verify"):
+    with pytest.raises(ConnectionError, match="TLS certificate does not verify"):
         download(f"{tls_server.url}/files/a.bin", tmp_path / "a.bin", **FAST)
     assert list(tmp_path.iterdir()) == [] and len(tls_server.requests) == 0
 
 
-def test_plain_http_is_refused_at_every_hop_unless_allowed(https, server, tmp_path):
-    http = server
-    body = http.files["a.bin"] = data(3000)
-    target = f"{http.url}/files/a.bin"
-    with pytest.raises(ValueError, match=r"^http://\S+: plain HTTP refused .* --allow-http$"):
+def test_plain_http_is_refused_at_every_hop_before_writing_anything(https, server, tmp_path):
+    target = f"{server.url}/files/a.bin"
+    with pytest.raises(ValueError, match=r"^http://\S+: plain HTTP refused .* https:// URL$"):
         download(target, tmp_path / "a.bin")
+    for flag in ("annotations_url", "images_url", "vocab_url"):
+        with pytest.raises(ValueError, match=r"^--[a-z]+-url http://x/: plain HTTP refused"):
+            coco.run_data(tmp_path / "coco", **{flag: "http://x/"})
     url = f"{https.url}/moved/a.bin"
     https.redirects["/moved/a.bin"] = target
     with pytest.raises(ValueError) as err:
         download(url, tmp_path / "a.bin", **FAST)
     assert str(err.value) == (f"{url}: redirected (302) to {target}: plain HTTP refused "
-                              f"(unauthenticated: the bytes can be changed on the way); pass "
-                              f"--allow-http to follow it")
+                              f"(unauthenticated: the bytes can be changed on the way)")
     assert len(https.requests) == 1                      # refused, not retried
-    assert http.requests == [] and list(tmp_path.iterdir()) == []
-    download(url, tmp_path / "a.bin", sha256=sha(body), allow_http=True)
-    assert (tmp_path / "a.bin").read_bytes() == body
-    https.files["b.bin"] = body                          # https -> https: followed
+    assert server.requests == [] and list(tmp_path.iterdir()) == []
+    body = https.files["b.bin"] = data(3000)             # https -> https: followed
     https.redirects["/moved/b.bin"] = f"{https.url}/files/b.bin"
     download(f"{https.url}/moved/b.bin", tmp_path / "b.bin", sha256=sha(body))
     assert (tmp_path / "b.bin").read_bytes() == body
@@ -185,13 +179,6 @@ def serve_coco(srv, tmp_path, monkeypatch):
     monkeypatch.setattr(coco, "ANNOTATIONS_SHA256", sha(srv.files["ann.zip"]))
     monkeypatch.setattr(coco, "VOCAB_SHA256", sha(srv.files["vocab.txt"]))
     return coco.choose_subset(tmp_path / "source.json", 10, 0)["images"]
-
-
-def test_data_refuses_plain_http_before_writing_anything(tmp_path):
-    for flag in ("annotations_url", "images_url", "vocab_url"):
-        with pytest.raises(ValueError, match=r"^--[a-z]+-url http://x/: plain HTTP refused"):
-            coco.run_data(tmp_path / "coco", **{flag: "http://x/"})
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_data_end_to_end_cut_interrupted_and_rerun(https, tmp_path, monkeypatch, capsys):

@@ -9,8 +9,8 @@ import pytest
 
 from minialign.machinery import images
 from minialign.machinery.runs import load_caption_slots
-from minialign.metrics import (collapse_stats, cosine_similarity, fit_procrustes, knn_indices,
-                               mutual_knn, paraphrase_r_at_1, rotated_recall)
+from minialign.metrics import (collapse_stats, fit_procrustes, mutual_knn, paraphrase_r_at_1,
+                               rotated_recall)
 from minialign.model import ModelConfig
 from minialign.train import TrainConfig, train
 
@@ -47,13 +47,14 @@ def test_load_sorts_rows_by_id_as_int64_float32_read_only(tmp_path, ids_dtype, e
 
 @pytest.mark.parametrize("case, message", [
     ("garbage", "not an .npz (zip) archive"), ("truncated", "not an .npz (zip) archive"),
-    ("npy", "not an .npz (zip) archive"), ("no_ids", "lacks arrays ['image_ids']"),
-    ("meta_not_json", "meta must be"), ("meta_list", "meta must be"),
-    ("meta_pickled", "cannot read"), ("nan_row", "2 of 5 embedding rows hold NaN or Inf"),
-    ("rank", "got shape (5, 3, 1)"), ("int_embeddings", "dtype int32"),
-    ("rows", "N = 5 image ids, got shape (4, 3)"), ("float_ids", "1-D integer array"),
-    ("count", "meta says count = 6"), ("dim", "dim = 768 but the embeddings are (5, 3)"),
+    ("npy", "not an .npz (zip) archive"), ("meta_not_json", "meta must be"),
+    ("meta_list", "meta must be"), ("meta_pickled", "cannot read"),
+    ("nan_row", "2 of 5 embedding rows hold NaN or Inf"),
     ("repeated", "occur more than once (e.g. [139])"),
+    ("no_ids", "got embeddings (5, 3) float32, meta's"), ("rank", "embeddings (5, 3, 1) float32"),
+    ("int_embeddings", "embeddings (5, 3) int32"), ("rows", "embeddings (4, 3) float32"),
+    ("float_ids", "got image_ids (5,) float64"), ("count", "count = 6, dim = 3"),
+    ("dim", "count = 5, dim = 768"),
 ])
 def test_a_bad_file_is_one_line_naming_it(tmp_path, case, message):
     ids, emb = example()
@@ -83,58 +84,6 @@ def test_a_bad_file_is_one_line_naming_it(tmp_path, case, message):
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
     with pytest.raises(FileNotFoundError, match="absent.npz: no such embeddings file"):
         images.load_embeddings(tmp_path / "absent.npz")
-
-
-def as_mask(cols):
-    """(N, k) column indices -> (N, N) bool membership."""
-    mask = np.zeros((len(cols), len(cols)), dtype=bool)
-    mask[np.arange(len(cols))[:, None], cols] = True
-    return mask
-
-
-def sim_no_self(x):
-    sim = cosine_similarity(x, x)
-    np.fill_diagonal(sim, -np.inf)
-    return sim
-
-
-def tie_inputs():
-    """Rows on a small integer grid (many equal cosines) with repeated rows, and a generic set."""
-    rng = np.random.default_rng(0)
-    grid = rng.integers(-1, 3, size=(40, 3)).astype(np.float64)
-    grid[np.abs(grid).sum(axis=1) == 0] = 1.0
-    grid[20:26] = grid[3]                                        # six copies of row 3
-    return [grid, rng.standard_normal((30, 5)) + 2.0, np.repeat(grid[:8], 4, axis=0)]
-
-
-KNN_MUTANTS = {   # what the fast set must not be
-    "ties to the higher index": lambda x, k: images.knn_mask(x[::-1], k)[::-1, ::-1],
-    "every tie of the k-th value: more than k": lambda x, k: sim_no_self(x) >= -np.partition(
-        -sim_no_self(x), k - 1, axis=1)[:, k - 1:k],
-    "argpartition's own choice among ties": lambda x, k: as_mask(np.argpartition(
-        -sim_no_self(x), k - 1, axis=1)[:, :k]),
-    "a row is its own neighbour": lambda x, k: as_mask(np.argsort(
-        -cosine_similarity(x, x), axis=1, kind="stable")[:, :k]),
-}
-
-
-def agrees(knn):
-    return all(np.array_equal(knn(x, k), as_mask(knn_indices(x, k)))
-               for x in tie_inputs() for k in (1, 3, 10))
-
-
-def test_knn_mask_is_the_set_of_knn_indices_with_ties_and_repeated_rows():
-    """The fast set is the reference's; KNN_MUTANTS are what it must not be."""
-    assert agrees(images.knn_mask)
-    for x in tie_inputs():
-        y = (x[:, ::-1] ** 2 + 1).astype(np.float32)
-        emb = images.Embeddings("e.npz", np.arange(len(x)), y, {})
-        assert images.mean_mutual_knn(np.arange(len(x)), [x], emb, "x", {}) == mutual_knn(x, y)
-
-
-@pytest.mark.parametrize("name", KNN_MUTANTS)
-def test_knn_mutants_are_caught(name):
-    assert not agrees(KNN_MUTANTS[name])
 
 
 def slots_of(ids, zs, rng):
@@ -261,11 +210,10 @@ def test_run_errors_and_a_run_without_step_0_test(run, tmp_path):
     run_dir, emb = run
     with pytest.raises(ValueError, match="no captions saved at step 3"):
         images.score_run(run_dir, emb, step=3)
-    with pytest.raises(FileNotFoundError, match="absent: no such run directory"):
-        images.score_run(tmp_path / "absent", emb)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="empty: not a run directory"):
-        images.score_run(tmp_path / "empty", emb)
+    for name in ("absent", "empty"):
+        with pytest.raises(ValueError, match=f"{name}: not a run directory"):
+            images.score_run(tmp_path / name, emb)
     other = images.load_embeddings(write_embeddings(tmp_path / "other.npz", np.arange(50) + 10**6,
                                                     np.ones((50, 24)), meta=None))
     with pytest.raises(ValueError, match=r"other.npz: 24 of the 24 photos of \S+ val have no"):

@@ -1,10 +1,11 @@
 """`python -m minialign data`: under --root, COCO 2017's captions (from the sha256-checked zip),
 the subset captions_train2017_subset10000_seed0.json, BERT's vocabulary (sha256) and the subset's
 photos train2017/*.jpg (checked by size and a full decode). Each file is complete or absent
-(NAME.part, resumed by Range, renamed once checked); every hop is HTTPS unless allow_http."""
+(NAME.part, resumed by Range, renamed once checked); every hop is HTTPS."""
 import http.client
 import json
 import os
+import shutil
 import ssl
 import sys
 import time
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,19 +38,13 @@ MIN_CAPTIONS = 5          # a subset photo has >= 5 captions (every train2017 ph
 SUBSET_RULE = (f"photos with >= {MIN_CAPTIONS} captions, >= 2 of them distinct after "
                "minialign.data's cleaning, sorted by id; the first num_photos of "
                "np.random.default_rng(seed).permutation of them, sorted by id")
-CHUNK = 64 * 1024         # bytes read from the socket at a time
 PLAIN_HTTP = "plain HTTP refused (unauthenticated: the bytes can be changed on the way)"
 
 
-class DownloadError(ConnectionError):
-    """A download that failed every try, or that a retry cannot fix: one line, the URL first."""
-
-
-def refuse_http(url, allow_http, flag=""):
-    """ValueError if url is plain http:// and not allow_http."""
-    if url.lower().startswith("http://") and not allow_http:
-        raise ValueError(f"{flag + ' ' if flag else ''}{url}: {PLAIN_HTTP}; use an https:// "
-                         f"URL, or pass --allow-http")
+def refuse_http(url, flag=""):
+    """ValueError, one line, unless url is https://."""
+    if not url.lower().startswith("https://"):
+        raise ValueError(f"{flag + ' ' if flag else ''}{url}: {PLAIN_HTTP}; use an https:// URL")
 
 
 class _HttpsOnly(urllib.request.HTTPRedirectHandler):
@@ -57,29 +53,27 @@ class _HttpsOnly(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         if not newurl.lower().startswith("https://"):
             fp.close()
-            raise ValueError(f"{req.full_url}: redirected ({code}) to {newurl}: {PLAIN_HTTP}; "
-                             f"pass --allow-http to follow it")
+            raise ValueError(f"{req.full_url}: redirected ({code}) to {newurl}: {PLAIN_HTTP}")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def download(url, dest, sha256=None, check=None, allow_http=False, retries=4, backoff=1.0,
-             timeout=60, progress=False):
+def download(url, dest, sha256=None, check=None, retries=4, backoff=1.0, timeout=60,
+             progress=False):
     """Fetch url to dest (kept if there with this sha256) via dest.part, renamed once it has the
     sha256 and check(path) returns None (else a phrase). Cuts, timeouts, 5xx, 429: retried after
-    backoff * 2**k s. DownloadError (.part kept) or ValueError (.part deleted), url first."""
-    refuse_http(url, allow_http)
+    backoff * 2**k s. ConnectionError (.part kept) or ValueError (.part deleted), url first."""
+    refuse_http(url)
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
     if dest.is_file() and (sha256 is None or sha256_file(dest) == sha256):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
-        err = _get(url, part, allow_http, timeout, progress)
-        if err is None:
+        if (err := _get(url, part, timeout, progress)) is None:
             break
         if attempt == retries:
             have = part.stat().st_size if part.is_file() else 0
-            raise DownloadError(f"{url}: cannot download ({err}) after {retries + 1} tries; "
+            raise ConnectionError(f"{url}: cannot download ({err}) after {retries + 1} tries; "
                                 f"{have} bytes kept in {part}, rerun to resume")
         wait = backoff * 2 ** attempt
         print(f"{url}: {err}; retry {attempt + 1}/{retries} in {wait:.1f} s", file=sys.stderr)
@@ -96,52 +90,42 @@ def download(url, dest, sha256=None, check=None, allow_http=False, retries=4, ba
     return dest
 
 
-def _get(url, part, allow_http, timeout, progress):
+def _get(url, part, timeout, progress):
     """One GET appending to part (from its end, "Range: bytes=N-") and fsyncing it. Returns
     None, or why it failed in a way worth trying again (a cut, a timeout, HTTP 5xx or 429)."""
     have = part.stat().st_size if part.is_file() else 0
     headers = {"User-Agent": "minialign/1", **({"Range": f"bytes={have}-"} if have else {})}
-    opener = urllib.request.build_opener(*[] if allow_http else [_HttpsOnly])
     try:
-        response = opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
+        with urllib.request.build_opener(_HttpsOnly).open(
+                urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+            if response.status == 206 and not response.headers.get(
+                    "Content-Range", "").startswith(f"bytes {have}-"):
+                part.unlink()
+                return "the server resumed at another byte"
+            have = have if response.status == 206 else 0      # a 200 is the whole file
+            length = response.headers.get("Content-Length", "")
+            total = have + int(length) if length.isdigit() else None
+            with open(part, "ab" if have else "wb") as f, tqdm.wrapattr(
+                    f, "write", total=total, initial=have, desc=part.name[:-5],
+                    disable=not progress) as out:
+                shutil.copyfileobj(response, out)
+                f.flush()
+                os.fsync(f.fileno())
     except urllib.error.HTTPError as err:
         err.close()
         if err.code == 416 and have:          # part is whole (or longer: the sha256 refuses it)
             return None
         if err.code >= 500 or err.code == 429:
             return f"HTTP {err.code} {err.reason}"
-        raise DownloadError(f"{url}: HTTP {err.code} {err.reason}; check the URL") from None
-    except (OSError, http.client.HTTPException) as err:
+        raise ConnectionError(f"{url}: HTTP {err.code} {err.reason}; check the URL") from None
+    except (OSError, http.client.HTTPException) as err:       # a cut, a timeout, ...
         reason = getattr(err, "reason", err)
         if isinstance(reason, ssl.SSLCertVerificationError):
-            raise DownloadError(f"{url}: the server's TLS certificate does not verify "
+            raise ConnectionError(f"{url}: the server's TLS certificate does not verify "
                                 f"({reason.verify_message})") from None
         return str(reason) or type(reason).__name__
-    with response:
-        if response.status == 206 and not response.headers.get(
-                "Content-Range", "").startswith(f"bytes {have}-"):
-            part.unlink()
-            return "the server resumed at another byte"
-        have = have if response.status == 206 else 0      # a 200 is the whole file
-        length = response.headers.get("Content-Length", "")
-        total = have + int(length) if length.isdigit() else None
-        with open(part, "ab" if have else "wb") as f, tqdm(
-                total=total, initial=have, unit="B", unit_scale=True, desc=part.name[:-5],
-                disable=not progress) as bar:
-            while True:
-                try:
-                    chunk = response.read(CHUNK)
-                except (OSError, http.client.HTTPException) as err:
-                    return str(err) or type(err).__name__
-                if not chunk:
-                    break
-                f.write(chunk)
-                bar.update(len(chunk))
-            f.flush()
-            os.fsync(f.fileno())
-        if total is not None and part.stat().st_size < total:
-            return f"transfer cut short at {part.stat().st_size} of {total} bytes"
-    return None
+    if total is not None and part.stat().st_size < total:
+        return f"transfer cut short at {part.stat().st_size} of {total} bytes"
 
 
 def choose_subset(captions, num_photos, seed):
@@ -169,18 +153,18 @@ def choose_subset(captions, num_photos, seed):
             "annotations": [a for a in coco["annotations"] if a["image_id"] in chosen]}
 
 
-def fetch_photos(subset, out_dir, workers, images_url, allow_http, progress):
+def fetch_photos(subset, out_dir, workers, images_url, progress):
     """The subset file's photos into out_dir, `workers` at a time, each checked by its header's
     width x height (before decoding, Pillow's bomb guard on) and a full decode, then a line of
     counts; OSError naming the ids that failed, once the others are done."""
     records = read_json(subset)["images"]
     missing = [r for r in records if not (Path(out_dir) / r["file_name"]).is_file()]
 
-    def check(path, width, height):
+    def check(r, path):                         # None, or why path is not r's photo
         try:
             with Image.open(path) as image:
-                if image.size != (width, height):
-                    return f"size {image.size[0]}x{image.size[1]}, expected {width}x{height}"
+                if image.size != (r["width"], r["height"]):
+                    return "size {}x{}, expected {width}x{height}".format(*image.size, **r)
                 image.load()
         except Exception as err:               # Pillow raises many types on bad bytes
             return f"not a readable image ({type(err).__name__}: {err})"
@@ -188,8 +172,7 @@ def fetch_photos(subset, out_dir, workers, images_url, allow_http, progress):
     def one(r):                                 # None, or why r could not be fetched
         try:
             download(f"{images_url.rstrip('/')}/train2017/{r['file_name']}",
-                     Path(out_dir) / r["file_name"], allow_http=allow_http,
-                     check=lambda p: check(p, r["width"], r["height"]))
+                     Path(out_dir) / r["file_name"], check=partial(check, r))
         except (OSError, ValueError) as err:
             return f"photo {r['id']}: {err}"
     pool = ThreadPoolExecutor(max_workers=workers)
@@ -210,25 +193,21 @@ def fetch_photos(subset, out_dir, workers, images_url, allow_http, progress):
 
 def run_data(root="coco", num_photos=10000, seed=0, images=True, workers=8,
              annotations_url=ANNOTATIONS_URL, images_url=IMAGES_URL, vocab_url=VOCAB_URL,
-             allow_http=False, force=False, progress=None):
+             force=False, progress=None):
     """Captions -> subset (written once; force: again) -> vocabulary -> photos (if images), one
     process per root (an OS lock). progress: tqdm bars (None: if stderr is a terminal)."""
     for flag, url in (("--annotations-url", annotations_url), ("--images-url", images_url),
                       ("--vocab-url", vocab_url)):
-        refuse_http(url, allow_http, flag)
+        refuse_http(url, flag)
     root = Path(root)
     progress = sys.stderr.isatty() if progress is None else progress
-    if allow_http:
-        print("--allow-http: plain http:// URLs and redirects to them are followed (the zip and "
-              "the vocabulary are still checked by sha256, each photo by its size)", flush=True)
     with lock(root):
         paths = {split: root / member for split, member in MEMBERS.items()}   # root/annotations/
         if all(p.is_file() for p in paths.values()):
             print(f"{root / 'annotations'}: captions present, skipped", flush=True)
         else:
             zip_path = download(annotations_url, root / ANNOTATIONS_ZIP,
-                                sha256=ANNOTATIONS_SHA256, allow_http=allow_http,
-                                progress=progress)
+                                sha256=ANNOTATIONS_SHA256, progress=progress)
             with zipfile.ZipFile(zip_path) as zf:
                 for split, path in paths.items():
                     atomic_write(path, zf.read(MEMBERS[split]))
@@ -244,11 +223,10 @@ def run_data(root="coco", num_photos=10000, seed=0, images=True, workers=8,
             print(f"{subset}: wrote {num_photos} of "
                   f"{chosen['info']['minialign_subset']['eligible_photos']} eligible photos "
                   f"(seed {seed})", flush=True)
-        vocab = download(vocab_url, root / VOCAB_NAME, sha256=VOCAB_SHA256, allow_http=allow_http,
-                         progress=progress)
+        vocab = download(vocab_url, root / VOCAB_NAME, sha256=VOCAB_SHA256, progress=progress)
         made = [*paths.values(), subset, vocab]
         if images:
-            fetch_photos(subset, root / "train2017", workers, images_url, allow_http, progress)
+            fetch_photos(subset, root / "train2017", workers, images_url, progress)
             made.append(root / "train2017")
     print("ready: " + ", ".join(str(p) for p in made))
     print("next: `make embeddings` (the DINOv2 embeddings of the subset's photos, once), then "

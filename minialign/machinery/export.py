@@ -13,11 +13,6 @@ from .runs import load_npz, read_json, savez, sha256_file
 DEFAULT_MODEL = "facebook/dinov2-base"      # ViT-B/14, D_img = 768 (Oquab et al. 2023)
 DEFAULT_REVISION = "f9e44c814b77203eaa57a6bdbbd535f21ede1415"   # its Hub commit, 2023-07-18
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"
-PREPROCESSING_KEYS = ("do_convert_rgb", "do_resize", "size", "resample", "do_center_crop",
-                      "crop_size", "do_rescale", "rescale_factor", "do_normalize",
-                      "image_mean", "image_std")
-MODEL_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "patch_size",
-                     "image_size", "layer_norm_eps")
 
 
 def captioned_photos(captions, num_photos=None, seed=0):
@@ -68,11 +63,10 @@ def load_pretrained(transformers, model_name, revision=DEFAULT_REVISION):
                                 f"local folder with --model".replace("\n", " ")) from err
 
 
-def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
-                      batch_size=32, device="cpu", num_photos=None, seed=0, force=False,
-                      save_every=20, progress=None):
+def run_export(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
+               batch_size=32, device="cpu", num_photos=None, seed=0, force=False, save_every=20):
     """Embed the captioned photos (files in `images`) into out, inputs checked before the model
-    loads. Returns (image_ids (N,) int64, embeddings (N, D_img) float32)."""
+    loads; print the file's shape and its `sha256sum` line."""
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: already exists; pass --force to replace it")
@@ -94,12 +88,9 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
               f"--revision {revision} as given (transformers cannot check it)", file=sys.stderr)
     model, processor = load_pretrained(transformers, model_name, revision)
     model = model.to(device).eval()
-    config, settings = model.config.to_dict(), processor.to_dict()
     meta = {"model": model_name, "revision": revision, "pooling": POOLING, "seed": seed,
-            "model_config": {k: config[k] for k in MODEL_CONFIG_KEYS if k in config},
+            "model_config": model.config.to_dict(), "preprocessing": processor.to_dict(),
             "model_dtype": str(next(model.parameters()).dtype), "device": str(device),
-            "preprocessing": {**{k: settings[k] for k in PREPROCESSING_KEYS if k in settings},
-                              "image_processor_class": type(processor).__name__},
             "captions_file": Path(captions).name, "captions_sha256": sha256_file(captions),
             "num_photos": num_photos, "batch_size": batch_size, "torch_version":
             torch.__version__, "transformers_version": transformers.__version__}
@@ -111,7 +102,7 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
         print(f"note: {partial} was made with other settings; starting over", file=sys.stderr)
     done = len(rows[0]) if rows else 0
     with tqdm(total=len(paths), initial=done, unit="photo", desc=f"export {model_name}",
-              disable=not (sys.stderr.isatty() if progress is None else progress)) as bar:
+              disable=None) as bar:                       # None: a bar on a terminal only
         for b, start in enumerate(range(done, len(paths), batch_size), 1):
             batch = [load_rgb(p) for p in paths[start:start + batch_size]]
             pixels = processor(images=batch, return_tensors="pt")["pixel_values"]  # (B,3,H,W)
@@ -127,15 +118,6 @@ def export_embeddings(captions, images, out, model_name=DEFAULT_MODEL, revision=
     savez(out, image_ids=image_ids, embeddings=embeddings,
           meta=np.array(json.dumps(meta, sort_keys=True, default=str)))
     partial.unlink(missing_ok=True)
-    return image_ids, embeddings
-
-
-def run_export(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
-               batch_size=32, device="cpu", num_photos=None, seed=0, force=False):
-    """export_embeddings, then print the file's shape and its `sha256sum` line. Returns 0."""
-    _, embeddings = export_embeddings(captions, images, out, model_name, revision, batch_size,
-                                      device, num_photos, seed, force)
-    print(f"wrote {out}: {embeddings.shape[0]} photos x {embeddings.shape[1]} float32, "
+    print(f"wrote {out}: {len(embeddings)} photos x {embeddings.shape[1]} float32, "
           f"{model_name} at revision {revision}, {POOLING}")
     print(f"{sha256_file(out)}  {out}")
-    return 0

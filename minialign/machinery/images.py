@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, collapse_stats, cosine_similarity,
-                       fit_procrustes, paraphrase_r_at_1, rotated_recall)
+from ..metrics import (DEFAULT_KS, MUTUAL_KNN_K, collapse_stats, fit_procrustes, knn_indices,
+                       paraphrase_r_at_1, rotated_recall)
 from .runs import md_table, caption_files, load_caption_slots, read_json
 
 K = MUTUAL_KNN_K
@@ -56,40 +56,32 @@ def load_embeddings(path):
         raise ValueError(f"{path}: cannot read the .npz (corrupt or truncated?): {err}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: meta must be a 0-d string holding a JSON object")
-    missing = [k for k in ("image_ids", "embeddings") if k not in arrays]
-    if missing:
-        raise ValueError(f"{path}: lacks arrays {missing} (has {sorted(arrays)})")
-    ids, emb = arrays["image_ids"], arrays["embeddings"]
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise ValueError(f"{path}: image_ids must be a 1-D integer array, got shape "
-                         f"{ids.shape} dtype {ids.dtype}")
-    if emb.ndim != 2 or emb.dtype.kind != "f" or len(emb) != len(ids):
-        raise ValueError(f"{path}: embeddings must be a float (N, D) array with N = "
-                         f"{len(ids)} image ids, got shape {emb.shape} dtype {emb.dtype}")
-    if (meta.get("count", len(emb)), meta.get("dim", emb.shape[1])) != emb.shape:
-        raise ValueError(f"{path}: meta says count = {meta.get('count')}, dim = "
-                         f"{meta.get('dim')} but the embeddings are {emb.shape}")
+    ids, emb = arrays.get("image_ids"), arrays.get("embeddings")
+    if (ids is None or emb is None or ids.ndim != 1 or ids.dtype.kind not in "iu" or emb.ndim != 2
+            or emb.dtype.kind != "f" or len(emb) != len(ids)
+            or (meta.get("count", len(emb)), meta.get("dim", emb.shape[1])) != emb.shape):
+        got = ", ".join(f"{k} {a.shape} {a.dtype}" for k, a in arrays.items() if k != "meta")
+        raise ValueError(f"{path}: expected image_ids (N,) integer, embeddings (N, D) float and "
+                         f"meta's count = N, dim = D if any; got {got}, meta's count = "
+                         f"{meta.get('count')}, dim = {meta.get('dim')}")
     bad = ~np.isfinite(emb).all(axis=1)
     if bad.any():
         raise ValueError(f"{path}: {bad.sum()} of {len(emb)} embedding rows hold NaN or Inf "
                          f"(image ids {ids[bad][:5].tolist()} ...)")
-    order = np.argsort(ids, kind="stable")
-    ids, emb = ids[order].astype(np.int64), emb[order].astype(np.float32)
-    repeated = ids[1:][ids[1:] == ids[:-1]]
-    if len(repeated):
+    ids, order, counts = np.unique(ids, return_index=True, return_counts=True)   # ids sorted
+    if (counts > 1).any():
         raise ValueError(f"{path}: image ids occur more than once (e.g. "
-                         f"{np.unique(repeated)[:5].tolist()})")
+                         f"{ids[counts > 1][:5].tolist()})")
+    ids, emb = ids.astype(np.int64), emb[order].astype(np.float32)
     ids.setflags(write=False)
     emb.setflags(write=False)
     return Embeddings(path, ids, emb, meta)
 
 
 def positions(haystack, needles):
-    """The index of each of needles (N,) in haystack (P,), or -1; by sorting once."""
-    order = np.argsort(haystack, kind="stable")
-    at = np.minimum(np.searchsorted(haystack[order], needles), max(len(haystack) - 1, 0))
-    found = haystack[order][at] == needles if len(haystack) else np.zeros(len(needles), bool)
-    return np.where(found, order[at], -1)
+    """The index (N,) int64 of each of needles (N,) in haystack (P,) of unique ids, or -1."""
+    index = {h: i for i, h in enumerate(haystack.tolist())}
+    return np.array([index.get(n, -1) for n in needles.tolist()], dtype=np.int64)
 
 
 def images_of(emb, ids, where):
@@ -102,26 +94,21 @@ def images_of(emb, ids, where):
     return emb.embeddings[rows]
 
 
-def knn_mask(x, k):
-    """(N, N) bool: row i marks the k rows of x (N, D) nearest to row i by cosine, itself
-    excluded, ties to the lower index: metrics.knn_indices' set, by np.partition (faster)."""
-    sim = cosine_similarity(x, x)                                             # (N, N)
-    np.fill_diagonal(sim, -np.inf)
-    kth = -np.partition(-sim, k - 1, axis=1)[:, k - 1:k]                      # (N, 1)
-    above, tied = sim > kth, sim == kth                                       # (N, N)
-    need = k - above.sum(axis=1)                                              # (N,) >= 1
-    many = np.flatnonzero(tied.sum(axis=1) > need)      # rows with more ties than places
-    tied[many] &= np.cumsum(tied[many], axis=1) <= need[many, None]           # lowest indices
-    return above | tied
+def knn_mask(x):
+    """(N, N) bool: row i marks metrics.knn_indices(x, K)[i], the K rows of x (N, D) nearest
+    to row i, as metrics.mutual_knn builds it."""
+    mask = np.zeros((len(x), len(x)), dtype=bool)
+    mask[np.arange(len(x))[:, None], knn_indices(x, K)] = True
+    return mask
 
 
-def mean_mutual_knn(ids, z_slots, emb, where, memo):
+def mean_mutual_knn(ids, z_slots, emb, where, memo=None):
     """Mean over slots of mutual kNN@K of captions z (N, D) with the images of `ids` (N,); memo
-    keeps the images' knn masks."""
-    key = (str(emb.path), ids.tobytes())
+    (a dict) keeps the images' knn masks."""
+    key, memo = (str(emb.path), ids.tobytes()), {} if memo is None else memo
     if key not in memo:
-        memo[key] = knn_mask(images_of(emb, ids, where), K)
-    return float(np.mean([np.mean(np.sum(knn_mask(z, K) & memo[key], axis=1) / K)
+        memo[key] = knn_mask(images_of(emb, ids, where))
+    return float(np.mean([np.mean(np.sum(knn_mask(z) & memo[key], axis=1) / K)
                           for z in z_slots]))
 
 
@@ -148,7 +135,7 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     if len(ids) <= K:
         raise ValueError(f"{where}: {len(ids)} photos have every caption slot; mutual kNN@{K} "
                          f"needs at least {K + 1}")
-    out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where, {} if memo is None else memo)
+    out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where, memo)
     out["chance"]["mutual_knn"] = K / (len(ids) - 1)
     if train_slots is not None:
         train_ids, train_z = train_slots[0]
@@ -161,20 +148,12 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     return out
 
 
-def saved_files(run_dir):
-    """{split: {step: path}} of a run directory; errors name the directory."""
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory")
-    files = {split: caption_files(run_dir, split) for split in ("val", "test", "train")}
-    if not files["val"]:
-        raise ValueError(f"{run_dir}: not a run directory (no captions/val_step*.npz)")
-    return files
-
-
 def score_run(run_dir, emb=None, step=None, memo=None):
     """{"step", "val": score_split, and "test" (with R@k) if saved at `step`} at `step` (default:
     the last); emb: as score_split."""
-    files = saved_files(run_dir)
+    files = {split: caption_files(run_dir, split) for split in ("val", "test", "train")}
+    if not files["val"]:
+        raise ValueError(f"{run_dir}: not a run directory (no captions/val_step*.npz)")
     step = max(files["val"]) if step is None else step
     if step not in files["val"]:
         raise ValueError(f"{run_dir}: no captions saved at step {step} (steps "
@@ -190,7 +169,7 @@ def score_run(run_dir, emb=None, step=None, memo=None):
 
 def curve(run_dir, emb, memo=None):
     """{"step": [...], "mutual_knn": [...]}: val mutual kNN@K at every step that saved val."""
-    memo, files = {} if memo is None else memo, saved_files(run_dir)["val"]
+    files = caption_files(run_dir, "val")
     return {"step": list(files), "mutual_knn": [
         mean_mutual_knn(*slot_rows(load_caption_slots(path)), emb, f"{run_dir} val", memo)
         for path in files.values()]}
