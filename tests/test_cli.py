@@ -29,7 +29,7 @@ def one_line(capsys):
 
 
 def test_a_bad_input_is_one_line_naming_it_before_anything_is_written(tmp_path, capsys,
-                                                                      captions):
+                                                                      captions, monkeypatch):
     (tmp_path / "bad.json").write_text("{not json")
     write_captions(tmp_path / "few.json", n_photos=10)             # no split of 3 photos each
     out = tmp_path / "run"
@@ -41,19 +41,23 @@ def test_a_bad_input_is_one_line_naming_it_before_anything_is_written(tmp_path, 
         assert train_cli(given, out, *map(str, extra)) == 2
         assert one_line(capsys).startswith(f"minialign train: error: {path}:")  # :line: too
         assert not out.exists()
-    for extra, message in [(["--resume", "--force"], "pass --resume or --force, not both"),
-                           (["--d-model", "30", "--n-heads", "4"], "--d-model 30 is not "
+    for extra, message in [(["--d-model", "30", "--n-heads", "4"], "--d-model 30 is not "
                                                                     "divisible by --n-heads 4"),
                            (["--batch-photos", "100"], f"{captions}: batch_photos=100")]:
         assert train_cli(captions, out, *extra) == 2
         assert one_line(capsys).startswith(f"minialign train: error: {message}")
         assert not out.exists()
+    unparsed = lambda p: compile("def f(:", "layers.py", "exec")  # a student's unfinished file
+    monkeypatch.setitem(cli.COMMANDS, "train", ("", unparsed))     # imported by the flags' build
+    assert train_cli(captions, out) == 2
+    assert re.match(r"minialign train: error: .* \(layers.py, line 1\)$", one_line(capsys))
 
 
 @pytest.mark.parametrize("flag, value", [("--steps", "0"), ("--lr", "-1e-3"), ("--lr", "nan"),
                                          ("--mask-rate", "1"), ("--warmup-steps", "-1"),
                                          ("--layers", "textbook"), ("--dtype", "float16"),
-                                         ("--objective", "good_view"), ("--stpes", "3")])
+                                         ("--objective", "good_view"), ("--stpes", "3"),
+                                         ("--force", "--resume")])
 def test_a_bad_flag_exits_2_naming_it(flag, value, tmp_path, capsys, captions):
     with pytest.raises(SystemExit) as stop:
         train_cli(captions, tmp_path / "run", flag, value)

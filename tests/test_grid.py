@@ -50,7 +50,7 @@ def test_lr_search_extends_an_edge_at_most_max_extensions_times(best, lrs, chose
     assert set(asked) == set(lrs)
 
 
-def test_lr_search_ties_missing_runs_and_diverged_runs():
+def test_lr_search_ties_missing_and_diverged_runs_the_grid_run_names_and_sizes():
     p = grid.Protocol()
     flat = grid.lr_search(p, lambda lr: 0.5)            # ties: the lowest lr, so extend low
     assert flat["lrs"][0] == 1e-5 and flat["chosen"] == 1e-5 and not flat["interior"]
@@ -60,10 +60,6 @@ def test_lr_search_ties_missing_runs_and_diverged_runs():
     assert half["missing"] == [1e-3, 1e-2] and half["chosen"] is None   # side by side, no more
     diverged_high = {**scores, 1e-4: 0.0, 1e-3: 0.4}
     assert grid.lr_search(p, diverged_high.get)["chosen"] == 1e-3
-
-
-def test_grid_lrs_run_names_and_sizes():
-    p = grid.Protocol()
     low, high = grid.lr_search(p, lambda lr: -lr), grid.lr_search(p, lambda lr: lr)
     assert low["lrs"] + high["lrs"][-2:] == [                       # k = -2 .. 6, integer k
         1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2, 3.16e-2, 0.1]
@@ -76,7 +72,7 @@ def test_grid_lrs_run_names_and_sizes():
     cfg = grid.run_config(sweep, "next_token", 0, size=(128, 4))
     assert (cfg.model.n_heads, cfg.model.mlp_ratio, sweep.kind) == (2, 4, "scaling")
     assert grid.run_name(sweep, cfg) == "next_token-d128-l4-lr1.00e-03-seed0"
-    assert [c.model.d_model for c in grid.seed_grid(sweep)] == [128] * 3 + [32] * 3
+    assert [c.model.d_model for c in grid.planned(sweep).values()] == [128] * 3 + [32] * 3
 
 
 @pytest.mark.parametrize("changes, words", [
@@ -118,15 +114,27 @@ def test_an_extension_is_wanted_once_every_run_it_depends_on_has_a_score(tmp_pat
     assert (search["chosen"], search["interior"]) == (1e-4, True)
 
 
-def test_other_settings_are_refused_naming_the_first_that_differs(captions, tmp_path):
+def test_inputs_are_checked_and_other_settings_refused_naming_the_first_that_differs(
+        captions, tmp_path):
     p, out = tiny_protocol(captions), tmp_path / "out"
+    ids = np.array(sorted({a["image_id"] for a in json.loads(captions.read_text())["annotations"]}))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "some.npz", image_ids=ids[:-1], embeddings=rng.random((len(ids) - 1, 4)))
+    with pytest.raises(ValueError, match=r"some.npz: 1 of the 120 photos of .*captions.json"):
+        grid.replicate(p, out, embeddings=tmp_path / "some.npz")
+    assert not out.exists()                                       # checked before writing
     grid.check_inputs(p, out)                                     # nothing there yet
+    np.savez(tmp_path / "all.npz", image_ids=ids, embeddings=rng.random((len(ids), 4)))
     out.mkdir()
-    runs.write_json(out / "protocol.json", grid.protocol_json(p))
+    grid.save_protocol(out, p, tmp_path / "all.npz")              # what `report OUT` reads
+    assert runs.read_json(out / "protocol.json")["embeddings"] == str(tmp_path / "all.npz")
+    grid.save_protocol(out, p)                                    # kept when not given again
+    assert runs.read_json(out / "protocol.json")["embeddings"] == str(tmp_path / "all.npz")
     assert grid.load_protocol(out) == p
     grid.check_inputs(dataclasses.replace(p, seeds=(0, 1)), out)  # no run started yet
     (out / "runs" / "x").mkdir(parents=True)
     (out / "runs" / "x" / "config.json").write_text("{}")
+    grid.check_inputs(p, out)                           # the embeddings: not a setting of the runs
     with pytest.raises(ValueError, match=r"protocol.json: holds runs of other settings "
                                          r"\(steps: 30 -> 31\)"):
         grid.check_inputs(dataclasses.replace(p, base=dataclasses.replace(p.base, steps=31)), out)
@@ -143,25 +151,6 @@ def test_other_settings_are_refused_naming_the_first_that_differs(captions, tmp_
     copy.write_bytes(Path(captions).read_bytes())
     grid.check_inputs(dataclasses.replace(p, base=dataclasses.replace(
         p.base, captions=str(copy))), out)
-
-
-def test_embeddings_are_checked_and_recorded(captions, tmp_path):
-    p, out = tiny_protocol(captions), tmp_path / "out"
-    ids = np.array(sorted({a["image_id"] for a in json.loads(captions.read_text())["annotations"]}))
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "some.npz", image_ids=ids[:-1], embeddings=rng.random((len(ids) - 1, 4)))
-    with pytest.raises(ValueError, match=r"some.npz: 1 of the 120 photos of .*captions.json"):
-        grid.replicate(p, out, embeddings=tmp_path / "some.npz")
-    assert not out.exists()                                       # checked before writing
-    np.savez(tmp_path / "all.npz", image_ids=ids, embeddings=rng.random((len(ids), 4)))
-    out.mkdir()
-    grid.save_protocol(out, p, tmp_path / "all.npz")              # what `report OUT` reads
-    assert runs.read_json(out / "protocol.json")["embeddings"] == str(tmp_path / "all.npz")
-    grid.save_protocol(out, p)                                    # kept when not given again
-    assert runs.read_json(out / "protocol.json")["embeddings"] == str(tmp_path / "all.npz")
-    (out / "runs" / "x").mkdir(parents=True)
-    (out / "runs" / "x" / "config.json").write_text("{}")
-    grid.check_inputs(p, out)                                     # not a setting of the runs
 
 
 @pytest.mark.parametrize("durations, slots, expected", [
@@ -185,13 +174,10 @@ def test_jobs_by_cores_runs_and_memory():
     assert mb(model=dataclasses.replace(cfg.model, dtype="float64")) > 1.9 * (mb() - 180)
 
 
-def test_run_seconds_by_hand():
-    cfg = TrainConfig(steps=100, eval_every=30)
-    timed = {"fixed_s": 4.0, "step_s": 0.5, "val_share": 0.1}
-    assert grid.run_seconds(cfg, timed) == 4.0 * 2 + 3 * 4.0 * 0.1 + 100 * 0.5
-
-
 def test_eta_times_each_objective_and_writes_nothing(captions, tmp_path, capsys):
+    timed = {"fixed_s": 4.0, "step_s": 0.5, "val_share": 0.1}            # one run, by hand
+    assert grid.run_seconds(TrainConfig(steps=100, eval_every=30), timed) == \
+        4.0 * 2 + 3 * 4.0 * 0.1 + 100 * 0.5
     p, out = tiny_protocol(captions, objectives=("good_views", "next_token")), tmp_path / "out"
     found = grid.estimate(p, out, 2, grid.planned(p))
     assert not out.exists()

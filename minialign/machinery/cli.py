@@ -6,23 +6,18 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import math
 import os
 import signal
 import sys
 
 
-def at_least(low, kind=int, below=None):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value >= low:                           # nan too
-            raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
-        if below is not None and value >= below:
+def at_least(low, kind=int, below=math.inf):
+    def number(text):                  # not a number: kind's ValueError, argparse's own message
+        if not low <= (value := kind(text)) < below:                          # nan too
             raise argparse.ArgumentTypeError(f"{text} must be in [{low:g}, {below:g})")
         return value
-    return parse
+    return number
 
 
 def keep_freed_memory():
@@ -34,29 +29,31 @@ def keep_freed_memory():
 
 
 def config_fields():
-    """{field: its config class} of TrainConfig, ModelConfig and ObjectiveConfig."""
+    """{field: (its config class, its default)} of TrainConfig, ModelConfig, ObjectiveConfig."""
     from ..train import ModelConfig, ObjectiveConfig, TrainConfig
-    from . import variants  # noqa: F401 (registers the named variants as objectives)
-    return {f.name: cls for cls in (TrainConfig, ModelConfig, ObjectiveConfig)
+    return {f.name: (cls, f.default) for cls in (TrainConfig, ModelConfig, ObjectiveConfig)
             for f in dataclasses.fields(cls) if f.name not in ("model", "loss", "vocab_size")}
 
 
-POSITIVE = {"steps", "batch_photos", "eval_every", "min_count", "vocab_size", "max_len",
-            "d_model", "n_layers", "n_heads", "mlp_ratio"}
+POSITIVE = {"steps", "batch_photos", "eval_every", "min_count", "max_len", "d_model",
+            "n_layers", "n_heads", "mlp_ratio"}
 CHOICES = {"layers": ("fast", "reference"), "dtype": ("float32", "float64"),
            "tokenizer": ("words", "wordpiece")}
+HELP = {"captions": "captions: .csv, .jsonl or COCO .json"}
 
 
 def add_config_flags(p, skip=()):
     """One flag per config field (--d-model, --mask-rate, ...), default the replication's."""
-    for name, cls in config_fields().items():
-        default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
+    from .variants import OBJECTIVES        # the three, and the named variants
+    for name, (_, default) in config_fields().items():
         kind = (at_least(0.0, float, 1) if name in ("mask_rate", "min_lr_ratio") else
                 at_least(1) if name in POSITIVE else at_least(0) if isinstance(default, int)
                 else at_least(0.0, float) if isinstance(default, float) else str)
         if name not in skip:
             p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
-                           choices=CHOICES.get(name), help=f"(default: {default})")
+                           choices=list(OBJECTIVES) if name == "objective" else CHOICES.get(name),
+                           required=name == "captions",
+                           help=HELP.get(name, f"(default: {default})"))
 
 
 def config_from_args(args, **fixed):
@@ -68,27 +65,23 @@ def config_from_args(args, **fixed):
     if given.get("d_model", 256) % given.get("n_heads", 4):
         raise ValueError(f"--d-model {given['d_model']} is not divisible by --n-heads "
                          f"{given['n_heads']}")
-    part = lambda cls: {k: v for k, v in given.items() if fields.get(k) is cls}
+    part = lambda cls: {k: v for k, v in given.items() if fields[k][0] is cls}
     return TrainConfig(**part(TrainConfig), model=ModelConfig(**part(ModelConfig)),
                        loss=ObjectiveConfig(**part(ObjectiveConfig)))
 
 
 def cmd_train(p):
     from .runs import cores
-    from .variants import OBJECTIVES        # the three, and the named variants
-    p.add_argument("--objective", choices=list(OBJECTIVES), default="good_views")
-    p.add_argument("--captions", required=True, help="captions: .csv, .jsonl or COCO .json")
     p.add_argument("--out", required=True, help="the run directory")
-    add_config_flags(p, skip=("objective", "captions"))
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument("--force", action="store_true", help="start the run in --out over")
+    add_config_flags(p)
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--resume", action="store_true", help="continue the run in --out")
+    how.add_argument("--force", action="store_true", help="start the run in --out over")
     p.add_argument("--threads", type=at_least(1), default=cores(), help="(default: the cores)")
 
     def run(args):
         from ..train import prepare, train
         from .runs import lock
-        if args.resume and args.force:
-            raise ValueError("pass --resume or --force, not both")
         cfg = config_from_args(args)
         if cfg.model.layers == "fast":
             from . import fast
@@ -110,11 +103,9 @@ def cmd_data(p):
     p.add_argument("--annotations-url", default=coco.ANNOTATIONS_URL, help="sha256 checked")
     p.add_argument("--images-url", default=coco.IMAGES_URL, help="photos: this + their path")
     p.add_argument("--vocab-url", default=coco.VOCAB_URL, help="BERT's vocabulary, sha256 checked")
-    p.add_argument("--allow-http", action="store_true", help="accept plain http:// URLs")
     p.add_argument("--force", action="store_true", help="write the subset file again")
     return lambda a: coco.run_data(a.root, a.num_photos, a.seed, a.images, a.workers,
-                                   a.annotations_url, a.images_url, a.vocab_url, a.allow_http,
-                                   a.force)
+                                   a.annotations_url, a.images_url, a.vocab_url, force=a.force)
 
 
 def cmd_export(p):
@@ -126,7 +117,7 @@ def cmd_export(p):
     p.add_argument("--revision", default=export.DEFAULT_REVISION, help="the pinned commit")
     p.add_argument("--batch-size", type=at_least(1), default=32)
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, mps")
-    p.add_argument("--num-photos", type=at_least(1), default=None, help="a seeded subset")
+    p.add_argument("--num-photos", type=int, default=None, help="a seeded subset")
     p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     return lambda a: export.run_export(a.captions, a.images, a.out, a.model, a.revision,
@@ -149,9 +140,9 @@ def cmd_synthetic(p):
 def cmd_exercises(p):
     from . import course
     p.add_argument("out", nargs="?", help="the student copy: a new or empty folder")
-    p.add_argument("--solved", nargs="+", type=at_least(1), default=(), metavar="N")
+    p.add_argument("--solved", nargs="+", type=int, default=(), metavar="N")
     p.add_argument("--student", help=f"the student's id, written to OUT/{course.STUDENT_FILE}")
-    p.add_argument("--restore", nargs="*", type=at_least(1), metavar="N", help="default: all")
+    p.add_argument("--restore", nargs="*", type=int, metavar="N", help="default: all")
     p.add_argument("--list", action="store_true", help="list the exercises, write nothing")
 
     def run(a):
@@ -192,12 +183,11 @@ def cmd_grade(p):
 
 def cmd_replicate(p, sweep=False):
     from . import grid
-    p.add_argument("--captions", required=True, help="captions: .csv, .jsonl or COCO .json")
     p.add_argument("--out", required=True, help="the results directory")
     p.add_argument("--embeddings", help="the image embeddings .npz (none: text side only)")
     p.add_argument("--objectives", nargs="+", default=grid.OBJECTIVES, metavar="NAME")
     p.add_argument("--seeds", nargs="+", type=at_least(0), default=grid.SEEDS, metavar="S")
-    add_config_flags(p, skip=("objective", "captions", "seed"))
+    add_config_flags(p, skip=("objective", "seed"))
     if sweep:
         p.add_argument("--widths", nargs="+", type=at_least(1), default=grid.WIDTHS)
         p.add_argument("--depths", nargs="+", type=at_least(1), default=grid.DEPTHS)
@@ -237,15 +227,9 @@ def cmd_evaluate(p):
 
 def cmd_report(p):
     from . import report
-    p.add_argument("out", nargs="+", help="results directories (several: side by side)")
+    p.add_argument("out", help="the results directory")
     p.add_argument("--embeddings", help="image embeddings .npz (default: the grid's)")
-
-    def run(a):
-        if len(a.out) == 1:
-            report.write_report(a.out[0], a.embeddings)
-        else:
-            print(f"wrote {report.write_side_by_side(a.out, a.embeddings)}")
-    return run
+    return lambda a: report.write_report(a.out, a.embeddings) and None
 
 
 def cmd_compare(p):
@@ -293,25 +277,26 @@ def terminate(signum, frame):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None      # None: argparse's error
     signal.signal(signal.SIGTERM, terminate)
     keep_freed_memory()
     try:
+        args = parser(command).parse_args(argv)     # imports: a student's file may not parse
         return args.run(args) or 0
     except FloatingPointError as e:                    # checkpoint.Diverged
-        print(f"minialign {args.command}: {e}", file=sys.stderr)
+        print(f"minialign {command}: {e}", file=sys.stderr)
         return 3
     except BrokenPipeError:                            # `... | head`: end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (OSError, ValueError, ImportError, NotImplementedError) as e:
+    except (OSError, ValueError, ImportError, NotImplementedError, SyntaxError) as e:
         how = "not done yet" if isinstance(e, NotImplementedError) else "error"  # an exercise
-        print(f"minialign {args.command}: {how}: {e}", file=sys.stderr)
+        print(f"minialign {command}: {how}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second signal: no traceback
         how, code = ("terminated", 143) if isinstance(stop, Terminated) else ("interrupted", 130)
-        again = "with --resume" if args.command == "train" else "the same command"
-        print(f"minialign {args.command}: {how}; rerun {again} to continue from the last "
+        again = "with --resume" if command == "train" else "the same command"
+        print(f"minialign {command}: {how}; rerun {again} to continue from the last "
               f"checkpoint", file=sys.stderr)
         return code

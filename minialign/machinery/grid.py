@@ -21,7 +21,8 @@ import numpy as np
 from ..checkpoint import config_json, first_difference
 from ..objectives import CAUSAL
 from ..train import TrainConfig, init_weights, prepare, train
-from . import images, runs, variants  # noqa: F401 (variants: named objectives to list)
+from . import images, runs
+from .cli import config_fields
 
 OBJECTIVES, SEEDS = ("good_views", "bad_views", "next_token"), (0, 1, 2)   # the replication's
 WIDTHS, DEPTHS, CENTER = (64, 128, 256, 512), (2, 4, 8), (256, 4)   # the scaling sweep
@@ -49,13 +50,12 @@ class Protocol:
             self.base = TrainConfig(**self.base)
         self.objectives, self.seeds = tuple(self.objectives), tuple(map(int, self.seeds))
         self.sizes = tuple((int(d), int(n)) for d, n in self.sizes)
-        for name, values in (("objectives", self.objectives), ("seeds", self.seeds),
-                             ("sizes", self.sizes or ((0, 0),))):
+        for name, values in (("objectives", self.objectives), ("seeds", self.seeds)):
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{name}: give at least one, each once (got {list(values)})")
         if self.lr_per_decade and not 0 < self.lr_min < self.lr_max:
             raise ValueError(f"need 0 < lr_min < lr_max, got {self.lr_min} and {self.lr_max}")
-        seed_grid(self)                         # raises for an unknown objective, a bad size
+        planned(self)                           # raises for an unknown objective, a bad size
 
     @property
     def kind(self):
@@ -86,15 +86,6 @@ def run_name(protocol, cfg):
     """good_views-lr1.00e-03-seed0; in a sweep good_views-d128-l4-lr1.00e-03-seed0."""
     size = f"-d{cfg.model.d_model}-l{cfg.model.n_layers}" if protocol.sizes else ""
     return f"{cfg.objective}{size}-lr{cfg.lr:.2e}-seed{cfg.seed}"
-
-
-def group(name):                         # what a run times like: its objective (and size)
-    return name.split("-lr")[0]
-
-
-def seed_grid(protocol):
-    return [run_config(protocol, obj, seed, size=size) for seed in protocol.seeds
-            for size in protocol.sizes or (None,) for obj in protocol.objectives]
 
 
 def planned(protocol):
@@ -155,7 +146,9 @@ def selection_score(run_dir, emb=None, memo=None):
 
 def wanted_runs(protocol, out, score=selection_score):
     """({name: cfg} needed so far, seed grid first; {objective: lr_search of score(run_dir)})."""
-    wanted, searches = {run_name(protocol, c): c for c in seed_grid(protocol)}, {}
+    seed_grid = (run_config(protocol, obj, seed, size=size) for seed in protocol.seeds
+                 for size in protocol.sizes or (None,) for obj in protocol.objectives)
+    wanted, searches = {run_name(protocol, c): c for c in seed_grid}, {}
     for obj in protocol.objectives if protocol.lr_per_decade else ():
         at_lr = lambda lr: run_config(protocol, obj, protocol.seeds[0], lr)
         searches[obj] = lr_search(protocol, lambda lr: score(
@@ -179,16 +172,14 @@ def run_memory_mb(cfg, vocab_size):
 def choose_jobs(jobs, per_run_mb, n_runs, cores=None, free_mb=None):
     """--jobs: default one per core, at most n_runs and what fits; too many: ValueError."""
     cores = cores or runs.cores()
-    if free_mb is None:                   # Linux's MemAvailable, else half the physical memory
+    if free_mb is None:              # Linux's MemAvailable; where the OS has none, not checked
         with contextlib.suppress(OSError, IndexError):
             meminfo = Path("/proc/meminfo").read_text()                      # in kB
             free_mb = int(meminfo.split("MemAvailable:")[1].split()[0]) / 1024
-    if free_mb is None and hasattr(os, "sysconf"):
-        free_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**21
     fit = cores if free_mb is None else int((free_mb - MEM_FREE_MB) // per_run_mb)
     if jobs is None:
         return max(1, min(cores, n_runs, fit))
-    if jobs > 1 and jobs > fit:
+    if jobs > max(1, fit):
         raise ValueError(f"--jobs {jobs}: {jobs} runs need ~{jobs * per_run_mb:,.0f} MB (~"
                          f"{per_run_mb:,.0f} MB each) but {free_mb:,.0f} MB are available "
                          f"({MEM_FREE_MB} MB kept free); use --jobs {max(1, fit)} or fewer")
@@ -208,17 +199,13 @@ def hours(s):
 
 
 def train_argv(cfg, run_dir):
-    """`python -m minialign train ...`: every field off TrainConfig's defaults, floats by repr."""
+    """`python -m minialign train ...`: every field off its default (a float's str is its repr)."""
     argv = [sys.executable, "-m", "minialign", "train", "--out", str(run_dir), "--resume",
             "--threads", "1"]
-    flat = lambda c: {**dataclasses.asdict(c), **dataclasses.asdict(c.model),
-                      **dataclasses.asdict(c.loss)}
-    default = flat(TrainConfig())
-    for key, value in flat(cfg).items():
-        if key not in ("model", "loss", "vocab_size") and (
-                key in ("objective", "captions", "seed", "lr") or value != default[key]):
-            argv += ["--" + key.replace("_", "-"),
-                     repr(value) if isinstance(value, float) else str(value)]
+    values = {**vars(cfg), **vars(cfg.model), **vars(cfg.loss)}
+    for key, (_, default) in config_fields().items():
+        if key in ("objective", "captions", "seed", "lr") or values[key] != default:
+            argv += ["--" + key.replace("_", "-"), str(values[key])]
     return argv
 
 
@@ -232,8 +219,7 @@ def start(cfg, run_dir, log):
 
 
 def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
-    """Check the inputs, run the protocol (cli then writes the report). Returns {"runs": ...,
-    "lr_search": ...}."""
+    """Check the inputs, run the protocol (cli then writes the report): {"runs", "lr_search"}."""
     out, plan, tag = Path(out), planned(protocol), f"[{protocol.kind}]"
     info, emb = check_inputs(protocol, out, embeddings)
     jobs = choose_jobs(jobs, max(run_memory_mb(cfg, info["vocab_size"]) for cfg in plan.values()),
@@ -255,15 +241,15 @@ def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
 
 def check_inputs(protocol, out, embeddings=None):
     """Check every input file (one line naming it). Returns (config.json "info", Embeddings)."""
-    cfg, emb, path = seed_grid(protocol)[0], None, Path(out) / "protocol.json"
-    data = prepare(cfg)
+    cfg, emb, path = next(iter(planned(protocol).values())), None, Path(out) / "protocol.json"
+    data, now = prepare(cfg), protocol_json(protocol)
     if path.is_file() and any(Path(out).glob("runs/*/config.json")):
         saved = {k: v for k, v in runs.read_json(path).items() if k != "embeddings"}
-        if saved["captions_sha256"] != protocol_json(protocol)["captions_sha256"]:
+        if saved["captions_sha256"] != now["captions_sha256"]:
             raise ValueError(f"{out}: holds runs of other captions ({saved['base']['captions']}; "
                              f"now {protocol.base.captions}, whose bytes differ); choose another "
                              f"--out")
-        if first := first_difference(saved, protocol_json(protocol)):
+        if first := first_difference(saved, now):
             raise ValueError(f"{path}: holds runs of other settings ("
                              f"{first.removeprefix('base.')}); rerun with the saved settings "
                              f"or choose another --out")
@@ -284,22 +270,11 @@ def save_protocol(out, protocol, embeddings=None):
 
 
 def run_grid(protocol, out, jobs, tag, emb):
-    """Start wanted runs while a slot is free; a failed run (OSError) stops the others. Each line
-    ends with the count done and an ETA: a run left takes its group's (else all) finished runs'
-    mean. Returns ({name: state}, {objective: lr_search}); emb: selection_score's."""
-    running, ended, memo = {}, {}, {}       # {name: (process, start time)}, {name: state}
+    """Start wanted runs while a slot is free; a failed run (OSError) stops the others. Returns
+    ({name: state}, {objective: lr_search}); emb: selection_score's."""
+    running, ended, memo = {}, {}, {}       # {name: process}, {name: state}
     log_of = lambda name: out / "logs" / f"{name}.log" if jobs > 1 else None   # None: ours
-
-    def say(text):                          # wanted: the loop's, as it is when called
-        text += f" | {len(ended)}/{len(wanted)} runs done"
-        if walls := {n: runs.read_metrics(out / "runs" / n)["wall_seconds"]
-                     for n, how in ended.items() if how == "finished"}:
-            took = lambda n: np.mean([w for m, w in walls.items() if group(m) == group(n)] or
-                                     list(walls.values()))
-            left = [max(0.0, took(n) - (time.time() - t)) for n, (_, t) in running.items()]
-            left += [took(n) for n in wanted if n not in ended and n not in running]
-            text += f", ETA {hours(makespan(left, jobs))}"
-        print(f"{tag} {text}", flush=True)
+    say = lambda text: print(f"{tag} {text} | {len(ended)}/{len(wanted)} runs done", flush=True)
     try:
         while True:
             wanted, searches = wanted_runs(protocol, out, lambda d: selection_score(d, emb, memo))
@@ -310,21 +285,21 @@ def run_grid(protocol, out, jobs, tag, emb):
                 elif len(running) < jobs:
                     say(f"start {name}{f', output in {log_of(name)}' if jobs > 1 else ''}")
                     with open(log_of(name), "ab") if jobs > 1 else contextlib.nullcontext() as log:
-                        running[name] = (start(wanted[name], out / "runs" / name, log), time.time())
+                        running[name] = start(wanted[name], out / "runs" / name, log)
             if not running:
                 return ended, searches
-            while all(process.poll() is None for process, _ in running.values()):
+            while all(process.poll() is None for process in running.values()):
                 time.sleep(0.2)
-            for name in [n for n, (p, _) in running.items() if p.poll() is not None]:
-                if (code := running.pop(name)[0].poll()) not in (0, EXIT_DIVERGED):
+            for name in [n for n, process in running.items() if process.poll() is not None]:
+                if (code := running.pop(name).poll()) not in (0, EXIT_DIVERGED):
                     raise OSError(f"{name}: its run's process failed (exit code {code}); its "
                                   f"output: {log_of(name) or 'above'}")
                 ended[name] = "diverged" if code == EXIT_DIVERGED else "finished"
                 say(f"{ended[name]}: {name}")
     finally:
-        for process, _ in running.values():
+        for process in running.values():
             process.terminate()                     # SIGTERM: the run stops cleanly
-        for process, _ in running.values():
+        for process in running.values():
             process.wait()
 
 
@@ -339,6 +314,7 @@ def estimate(protocol, out, jobs, plan):
     wall time, the val photos' share); print how long the runs left take. Writes nothing."""
     left = [n for n in plan if not state(out / "runs" / n)]
     first = list(plan)[:len(protocol.objectives)]             # one run of each objective
+    group = lambda name: name.split("-lr")[0]         # what a run times like: objective (, size)
     groups = {group(n): plan[n] for n in first + left}
     print(f"[eta] timing a few steps of {len(groups)} objective(s)/size(s) ...", flush=True)
     timed = {}

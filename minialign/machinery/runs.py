@@ -5,7 +5,6 @@ checkpoint.npz, model.npz, diverged.json, .lock. Image scores are never stored (
 import contextlib
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -68,10 +67,8 @@ def lock(directory):
 
 def caption_files(run_dir, split):
     """{step: path} of the run's saved caption embeddings of `split`, by step."""
-    paths = (Path(run_dir) / "captions").glob(f"{split}_step*.npz")
-    found = {int(m.group(1)): p for p in paths
-             if (m := re.fullmatch(r"(?:val|test|train)_step(\d+)\.npz", p.name))}
-    return dict(sorted(found.items()))
+    paths = (Path(run_dir) / "captions").glob(f"{split}_step*.npz")   # checkpoint.py names them
+    return dict(sorted((int(p.stem.split("_step")[1]), p) for p in paths))
 
 
 def load_caption_slots(path):
