@@ -1,8 +1,7 @@
 """Tests of report.py and figures.py: the noise rule and the table writer on hand-made numbers
 (exact), compare's lines, the lr search's pick, the scaling trend, and the report of one tiny
 grid trained here for the whole module (2 objectives x seeds 0, 1 + a two-point lr search,
-D = 16, 2 steps, on a 150-scene synthetic world), text-only and with the world's images (made
-once: `imaged`)."""
+D = 16, 2 steps, on a 150-scene synthetic world), text-only and with the world's images."""
 import json
 import math
 import shutil
@@ -79,7 +78,7 @@ def test_the_table_writer_and_its_cells():
     assert report.cells([-0.0004, 0.0002], sign=True)[0] == "+0.000 ± 0.000"   # never -0.000
 
 
-def test_a_table_that_agrees(tmp_path, capsys):
+def test_a_table_that_agrees_and_one_that_differs(tmp_path, capsys):
     mine = {**REPO, "good_views": same(0.1, mutual_knn=[0.075, 0.071, 0.079])}
     ok, lines = compare(tmp_path, capsys, table(mine), table(REPO))
     assert ok and "agree: |mean difference| <= max(2 x spread x sqrt(1/n + 1/m), 0.002)" in lines[0]
@@ -90,9 +89,6 @@ def test_a_table_that_agrees(tmp_path, capsys):
         "seeds 3 and 3; same seed up to 0.0050)")
     assert line_of(lines, "world ceiling", "mutual-kNN@10").endswith(
         "agree: 0.3800 vs 0.3800 (allowed 0.0020; spread 0.0000; seeds 1 and 1)")
-
-
-def test_a_difference_beyond_the_spread_is_named(tmp_path, capsys):
     mine = {**REPO, "good_views": same(0.1, mutual_knn=[0.080, 0.076, 0.084]),
             "bad_views": {**same(0.03), "R@1": [0.0322] * 3}}        # 0.0022 > the floor
     ok, lines = compare(tmp_path, capsys, table(mine), table(REPO))
@@ -164,12 +160,14 @@ def test_the_demo_table_reads_and_agrees_with_itself(capsys):
     assert all(l.endswith("same seed up to 0.0000)") for l in lines[:-1])
 
 
-def test_a_file_that_is_no_table(tmp_path):
+def test_a_file_that_is_no_table_and_a_directory_without_protocol(tmp_path):
     (tmp_path / "x.json").write_text('{"base": {}}')
     with pytest.raises(ValueError, match=f"^{tmp_path / 'x.json'}: not a results table"):
         report.load_results(tmp_path / "x.json")
     with pytest.raises(FileNotFoundError, match="results.json: no such file"):
         report.load_results(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'protocol.json'}: no such file"):
+        report.write_report(tmp_path)
 
 
 def test_the_published_column_only_beside_dinov2_scores():
@@ -198,9 +196,9 @@ def demo_like(curves):
                               "paraphrase_R@1": [0.031] * 3}},
               untrained={"bidirectional": same(0.04, objectives=["good_views", "bad_views"]),
                          "causal": same(0.021, mutual_knn=[0.035] * 3, objectives=["next_token"])})
-    t.update(metric="mutual_knn", embeddings={"path": "e.npz", "model": "DINOv2"},
-             curves={f"{o}-{i}": {"objective": o, "seed": i, "curve": curve(*c)}
-                     for o, cs in curves.items() for i, c in enumerate(cs)})
+    t.update(metric="mutual_knn", embeddings={"path": "e.npz", "model": "DINOv2"})
+    for o, cs in curves.items():
+        t["objectives"][o]["curves"] = [curve(*c) for c in cs]
     t["speed"] = report.speed(t)
     return t
 
@@ -236,9 +234,6 @@ def test_the_finding_states_the_order_and_the_untrained_encoder_computed():
                                 "step 0: untrained) to the best final seed mean (0.070)")
     assert lines[16].endswith("[docs/results.md](../docs/results.md#where-the-results-part-from-"
                               "the-claim).")
-
-
-def test_how_fast_for_curves_that_fall_and_never_reach():
     sp = demo_like(CURVES)["speed"]
     assert (sp["start"], sp["best"], sp["level"]) == pytest.approx((0.04, 0.07, 0.055))
     assert sp["steps"] == {"good_views": [100, 50], "bad_views": [None, None],
@@ -249,7 +244,8 @@ def test_how_fast_for_curves_that_fall_and_never_reach():
     assert falling["speed"]["level"] is None
     assert falling["speed"]["steps"] == {o: [None] for o in CURVES}
     lines = report.finding(falling, "x")
-    assert lines[10] == "| objective | mutual-kNN@10 | R@1 | paraphrase R@1 |"
+    assert lines[10:12] == ["| objective | mutual-kNN@10 | R@1 | paraphrase R@1 |",
+                            "|---|---|---|---|"]
     assert lines[16].startswith("No val mutual-kNN@10 ends above the curves' highest start "
                                 "(0.040, step 0: untrained): none aligns, faster or slower.")
 
@@ -341,9 +337,7 @@ def test_the_scaling_report_and_figure(tmp_path):
     assert "gap in test paraphrase R@1 not resolved at these sizes" in md
     assert figures.draw(results, tmp_path) == ["fig_scaling.png"]
     assert Image.open(tmp_path / "fig_scaling.png").size == figures.SIZE
-
-
-def test_axis_ticks_reach_past_the_largest_value():
+    # the axis' ticks reach past the largest value
     assert figures.ticks(0, 0.68) == [0, 0.2, 0.4, 0.6, 0.8]
     assert figures.ticks(0, 0.4) == [0, 0.1, 0.2, 0.3, 0.4]
     assert figures.ticks(0.02, 0.031) == [0.02, 0.0225, 0.025, 0.0275, 0.03, 0.0325]
@@ -362,14 +356,6 @@ def tiny(tmp_path_factory):
     for name, cfg in grid.planned(protocol).items():
         train.train(cfg, root / "grid" / "runs" / name, progress=False)
     return {"out": root / "grid", "embeddings": embeddings}
-
-
-@pytest.fixture(scope="module")
-def imaged(tiny, tmp_path_factory):
-    """The tiny grid's report with the world's image embeddings, made once."""
-    out = copy(tiny["out"], tmp_path_factory.mktemp("imaged"))
-    report.write_report(out, tiny["embeddings"])
-    return out
 
 
 def copy(out, tmp_path, name="grid"):
@@ -408,14 +394,14 @@ def test_a_text_only_report(tiny, tmp_path, capsys):
     assert body(md)[5].startswith("| good_views, lr search (1.00e-0")
     assert "text only (`report --embeddings FILE` adds the image columns)" in md
     assert "on final val paraphrase R@1" in md
-    for name in ("fig_alignment.png", "fig_curves.png", "fig_lr_search.png"):
+    for name in ("fig_alignment.png", "fig_curves.png", "fig_lr_search.png", "fig_diagnose.png"):
         assert f"({name})" in md
         img = Image.open(out / name)
         assert img.size == figures.SIZE and len(img.getcolors(1 << 16)) > 20, name
 
 
-def test_a_report_with_the_worlds_images(tiny, imaged, tmp_path):
-    out = imaged
+def test_a_report_with_the_worlds_images(tiny, tmp_path):
+    report.write_report(out := copy(tiny["out"], tmp_path / "a"), tiny["embeddings"])
     md, results = (out / "results.md").read_text(), runs.read_json(out / "results.json")
     emb = images.load_embeddings(tiny["embeddings"])
     run = out / "runs" / "next_token-lr1.00e-03-seed0"
@@ -431,36 +417,10 @@ def test_a_report_with_the_worlds_images(tiny, imaged, tmp_path):
                       f"|  | - |  | - |"
     assert [r.split(" |")[0] for r in rows[4:6]] == ["| good_views", "| next_token"]
     assert "published" not in md.splitlines()[4] and "\n## The finding against the claim\n" in md
+    assert "\n## What the encoders learned\n" in md
     link = md.split("[docs/results.md](")[1].split("#")[0]      # relative to the directory
     assert (out / link).resolve() == Path(report.__file__).parents[2] / "docs" / "results.md"
-    again = copy(out, tmp_path)
+    again = copy(out, tmp_path / "b")
     report.write_report(again, tiny["embeddings"])          # the same runs: the same bytes
     assert {p.name: p.read_bytes() for p in again.iterdir() if p.is_file()} == \
         {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-
-
-def test_two_directories_side_by_side(tiny, imaged, tmp_path, capsys, monkeypatch):
-    a, b = copy(tiny["out"], tmp_path, "a"), copy(tiny["out"], tmp_path, "b")
-    path = report.write_side_by_side([a, b])                  # text only: each one's report
-    assert path == tmp_path / "compare_a_b.md" and (b / "results.md").is_file()
-    text = path.read_text()
-    assert text in capsys.readouterr().out
-    g = runs.read_json(a / "results.json")["objectives"]["good_views"]["paraphrase_R@1"]
-    assert "| row | paraphrase R@1, a | paraphrase R@1, b |" in text
-    assert f"| good_views | {report.cells(g)[0]} | {report.cells(g)[0]} |" in text
-    # with images (imaged's report standing in for each one's): a column per metric and directory
-    monkeypatch.setattr(report, "write_report", lambda out, embeddings: runs.read_json(
-        imaged / "results.json"))
-    text = report.write_side_by_side([a, b], tiny["embeddings"]).read_text()
-    assert "| row | mutual-kNN@10, a | mutual-kNN@10, b | R@1, a | R@1, b | paraphrase R@1, a | " \
-           "paraphrase R@1, b |" in text
-    g = report.cells(runs.read_json(imaged / "results.json")["objectives"]["good_views"]
-                     ["mutual_knn"])[0]
-    assert f"| good_views | {g} | {g} |" in text
-    with pytest.raises(ValueError, match="given twice"):
-        report.write_side_by_side([a, a])
-
-
-def test_a_directory_without_protocol(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'protocol.json'}: no such file"):
-        report.write_report(tmp_path)

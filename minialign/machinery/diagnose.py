@@ -5,14 +5,13 @@ first two words, (d) another caption of the photo (slot 1 -> slot 0). R^2 = 1 - 
 all dimensions, cross-fitted on two halves of the photos (a permutation from default_rng(seed)),
 at the best of 7 PENALTIES. Meaning scores on (b) and (d); a length shortcut on (a) alone, an
 opening shortcut on (c). Rows: the untrained encoders (step 0 of each seed) and the seed grid."""
-import io
 from pathlib import Path
 
 import numpy as np
 
 from ..data import load_captions
 from ..objectives import CAUSAL
-from . import figures, grid, images, runs
+from . import grid, images, runs
 
 PENALTIES = 10.0 ** np.arange(-4, 3)
 MEASURES = ("length", "words", "opening", "paraphrase")
@@ -83,30 +82,3 @@ def diagnose(results_dir, seed=0):
                                               memo, seed)
     return [{"row": r, "seeds": sorted(rows[r]), **{m: [rows[r][s][m] for s in sorted(rows[r])]
             for m in MEASURES}} for r in sorted(rows, key=lambda r: r[:9] != "untrained")]
-
-
-def markdown(rows):
-    """results.md's section: the table (mean ± std over seeds) and the figure."""
-    cell = lambda v: f"{np.mean(v):.3f}" + (f" ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else "")
-    return ["## What the encoders learned", "", "Held-out R² of the test caption embeddings "
-            "predicted from each caption's token count, its words, its first two words, or "
-            "another caption of its photo (diagnose.py says how).", ""] + runs.md_table(
-        ["row", *MEASURES], [[r["row"], *(cell(r[m]) for m in MEASURES)] for r in rows],
-        "lrrrr") + ["", "![diagnose](fig_diagnose.png)"]
-
-
-def figure(rows, path):
-    """fig_diagnose.png: per row, a bar per measure at the mean over seeds, a dot per seed."""
-    img, draw = figures.figure({"dataset": Path(path).parent.name}, "Held-out R² of the test "
-                               "caption embeddings", MEASURES, "bar: mean over seeds   ○ one seed")
-    px = figures.axes(draw, (140, 110, 1500, 760), (-0.5, len(rows) - 0.5), (0, 1),
-                      [(j, r["row"].replace(", ", "\n")) for j, r in enumerate(rows)])
-    for j, r in enumerate(rows):
-        for k, m in enumerate(MEASURES):
-            x = j + 0.2 * (k - 1.5)
-            draw.rectangle([px(x - 0.09, 0)[0], px(x, max(np.mean(r[m]), 0))[1],
-                            px(x + 0.09, 0)[0], px(x, 0)[1]], fill=figures.colour(m, MEASURES))
-            for v in r[m]:
-                figures.dot(draw, px(x, max(v, 0)), 7, "white")
-    img.save(buffer := io.BytesIO(), format="PNG")
-    runs.atomic_write(path, buffer.getvalue())

@@ -1,11 +1,13 @@
 """The report's figures (Pillow, 1600 x 900, Okabe & Ito's colour-blind-safe colours) from a
-results dict (report.collect): fig_alignment, fig_curves, fig_lr_search; a sweep's fig_scaling."""
+results dict (report.collect): fig_alignment, fig_curves, fig_lr_search, fig_diagnose; a sweep's
+fig_scaling."""
 import io
 import math
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from .diagnose import MEASURES
 from .runs import atomic_write
 
 SIZE = (1600, 900)
@@ -13,11 +15,16 @@ COLOURS = {"good_views": (0, 114, 178), "bad_views": (230, 159, 0), "next_token"
 OTHER = [(204, 121, 167), (86, 180, 233), (213, 94, 0), (240, 228, 66)]
 GREY, INK, RED = (150, 150, 150), (20, 20, 20), (170, 40, 40)
 LABELS = {"mutual_knn": "mutual-kNN@10", "R@1": "R@1, caption → image",
-          "paraphrase_R@1": "paraphrase R@1 (text only)"}
+          "paraphrase_R@1": "paraphrase R@1"}                 # also results.md's columns
 
 
 def colour(obj, objectives):
     return COLOURS.get(obj) or OTHER[list(objectives).index(obj) % 4]
+
+
+def untrained(results, obj):
+    """The untrained encoder's row (step 0 of the runs) that obj is trained from, or None."""
+    return next((u for u in results["untrained"].values() if obj in u["objectives"]), None)
 
 
 def font(size):
@@ -101,10 +108,10 @@ def alignment(results):
     objs = [o for o, row in results["objectives"].items() if row["seeds"]]
     for i, key in enumerate(keys):
         box, xs = (110 + i * width, 150, 110 + (i + 1) * width - 270, 760), (-0.5, len(objs) - 0.5)
-        base = {o: next((float(np.mean(u[key])) for u in results["untrained"].values()
-                         if o in u["objectives"]), None) for o in objs}
+        base = {o: float(np.mean(untrained(results, o)[key])) for o in objs
+                if untrained(results, o)}
         top = max([v for o in objs for v in results["objectives"][o][key]] + [1e-3]
-                  + [b for b in base.values() if b] + [results["chance"].get(key, 0)])
+                  + [*base.values()] + [results["chance"].get(key, 0)])
         ceiling = results["ceiling"] if key == "mutual_knn" else None
         pub = {o: published[o][key] for o in objs if key in published.get(o, {})}
         top = max([top] + [v for v in [ceiling, *pub.values()] if v and v <= 1.5 * top])
@@ -116,10 +123,10 @@ def alignment(results):
             draw.rectangle([x0, px(j, float(np.mean(v)))[1], x1, y0], fill=colour(obj, objs))
             for s, value in enumerate(v):
                 dot(draw, px(j + (s - (len(v) - 1) / 2) * 0.1, value), 8, "white")
-            above = max(v + [base[obj] or 0] + [p for p in [pub.get(obj, 0)] if p <= 1.15 * top])
+            above = max(v + [base.get(obj, 0)] + [p for p in [pub.get(obj, 0)] if p <= 1.15 * top])
             draw.text(((x0 + x1) / 2, px(j, above)[1] - 14), f"{np.mean(v):.3f}", font=font(24),
                       fill=INK, anchor="mb")                # above the seeds and the lines
-            if base[obj]:
+            if obj in base:
                 dashed(draw, px(j - 0.38, base[obj]), px(j + 0.38, base[obj]), INK, 5)
             if pub.get(obj, math.inf) <= 1.15 * top:
                 draw.line([(x, px(j, pub[obj])[1]) for x in (x0 - 12, x1 + 12)], INK, 6)
@@ -136,10 +143,9 @@ def alignment(results):
 
 def curves(results):
     """Val metric against step: the seed mean per objective, the seeds' range shaded."""
-    metric, steps, lines = results["metric"], results["protocol"]["base"]["steps"], {}
-    for c in results["curves"].values():
-        lines.setdefault(c["objective"], []).append(c["curve"])
-    lines = {o: (cs[0]["step"], np.array([c[metric] for c in cs])) for o, cs in lines.items()}
+    metric, steps = results["metric"], results["protocol"]["base"]["steps"]
+    lines = {o: (cs[0]["step"], np.array([c[metric] for c in cs]))
+             for o, r in results["objectives"].items() if (cs := r["curves"])}
     img, draw = figure(results, f"Val {LABELS[metric]} during training", list(lines),
                        "line: seed mean   shade: seed min..max")
     top = max([float(v.max()) for _, v in lines.values()] + [1e-3])
@@ -212,10 +218,28 @@ def scaling(results):
     return img
 
 
+def diagnose(results):
+    """Per row of results["diagnose"], a bar per measure at the mean over seeds, a dot per seed."""
+    rows = results["diagnose"]
+    img, draw = figure(results, "Held-out R² of the test caption embeddings", MEASURES,
+                       "bar: mean over seeds   ○ one seed")
+    px = axes(draw, (140, 110, 1500, 760), (-0.5, len(rows) - 0.5), (0, 1),
+              [(j, r["row"].replace(", ", "\n")) for j, r in enumerate(rows)])
+    for j, r in enumerate(rows):
+        for k, m in enumerate(MEASURES):
+            x = j + 0.2 * (k - 1.5)
+            draw.rectangle([px(x - 0.09, 0)[0], px(x, max(np.mean(r[m]), 0))[1],
+                            px(x + 0.09, 0)[0], px(x, 0)[1]], fill=colour(m, MEASURES))
+            for v in r[m]:
+                dot(draw, px(x, max(v, 0)), 7, "white")
+    return img
+
+
 def draw(results, out):
     """Write the figures into `out` (the lr search's once it has a score); returns their names."""
     names = ["scaling"] if "sizes" in results else ["alignment", "curves"] + ["lr_search"] * any(
-        isinstance(v, float) for s in results["lr_search"].values() for v in s["scores"])
+        isinstance(v, float) for s in results["lr_search"].values() for v in s["scores"]) + [
+        "diagnose"] * bool(results.get("diagnose"))
     for name in names:
         globals()[name](results).save(buffer := io.BytesIO(), format="PNG")
         atomic_write(out / f"fig_{name}.png", buffer.getvalue())

@@ -55,13 +55,14 @@ def cells(value, sign=False):
 
 
 def collect(out, embeddings=None):
-    """Every number of OUT's report, as results.json holds it."""
+    """Every number of OUT's report, as results.json holds it (an objective's row: its curves)."""
     out = Path(out)
     protocol, saved = grid.load_protocol(out), runs.read_json(out / "protocol.json")
     path = embeddings or saved.get("embeddings")
     emb = images.load_embeddings(path) if path else None
     keys, metric = ([*images.IMAGE_KEYS, TEXT_KEY], "mutual_knn") if emb else ([TEXT_KEY], TEXT_KEY)
-    base, memo, found = protocol.base, {}, {}
+    world = emb.meta["world"] if emb and emb.meta.get("synthetic") else None
+    memo, found = {}, {}
 
     def run(obj, seed, lr=None, size=None):
         """One run's numbers, once; of a seed grid's run (lr None) also step 0 and the curve."""
@@ -69,9 +70,7 @@ def collect(out, embeddings=None):
         if (name := grid.run_name(protocol, cfg)) in found:
             return found[name]
         run_dir = out / "runs" / name
-        status = grid.state(run_dir) or ("stopped" if (run_dir / "config.json").is_file()
-                                         else "not started")
-        r = found[name] = {"objective": obj, "seed": seed, "lr": cfg.lr, "status": status,
+        r = found[name] = {"seed": seed, "status": (status := grid.state(run_dir)),
                            "size": [cfg.model.d_model, cfg.model.n_layers]}
         if status == "finished":
             scores, metrics = images.score_run(run_dir, emb, memo=memo), runs.read_metrics(run_dir)
@@ -82,9 +81,9 @@ def collect(out, embeddings=None):
         if (run_dir / "captions" / "test_step00000.npz").is_file() and lr is None:
             r["untrained"] = images.score_run(run_dir, emb, 0, memo)["test"]
         if status == "finished" and lr is None:
-            r["curve"] = images.curve(run_dir, emb, memo) if emb else {
+            r["curve"] = {"seed": seed, **(images.curve(run_dir, emb, memo) if emb else {
                 "step": [e["step"] for e in metrics["evals"]],
-                TEXT_KEY: [e["val"][TEXT_KEY] for e in metrics["evals"]]}
+                TEXT_KEY: [e["val"][TEXT_KEY] for e in metrics["evals"]]})}
         return r
 
     def rows(size=None):
@@ -93,8 +92,8 @@ def collect(out, embeddings=None):
         for obj in protocol.objectives:
             done = [r for r in (run(obj, s, size=size) for s in protocol.seeds)
                     if r["status"] == "finished"]
-            objectives[obj] = {"seeds": [r["seed"] for r in done],
-                               **{k: [r["test"][k] for r in done] for k in keys}}
+            objectives[obj] = {"seeds": [r["seed"] for r in done], "curves": [
+                r["curve"] for r in done], **{k: [r["test"][k] for r in done] for k in keys}}
             attention = "causal" if CAUSAL[obj] else "bidirectional"
             untrained.setdefault(attention, {"objectives": []})["objectives"].append(obj)
         for row in untrained.values():                  # a seed's first run that has one
@@ -103,17 +102,13 @@ def collect(out, embeddings=None):
             row.update(seeds=list(step0), **{k: [u[k] for u in step0.values()] for k in keys})
         return objectives, {a: r for a, r in untrained.items() if r["seeds"]}
 
-    synthetic_world = bool(emb and emb.meta.get("synthetic"))
-    results = {"kind": protocol.kind, "dataset": out.name, "protocol": saved,
-               "captions_sha256": saved["captions_sha256"],
+    results = {"dataset": out.name, "protocol": saved, "captions_sha256": saved["captions_sha256"],
                "embeddings": emb and {"path": str(emb.path), "model": emb.meta.get("model")},
-               "published": PUBLISHED if emb and not synthetic_world
+               "published": PUBLISHED if emb and not world
                and "dinov2" in str(emb.meta.get("model")).lower() else {},
-               "world": emb.meta.get("world") if synthetic_world else None,
-               "metrics": keys, "metric": metric,
-               "ceiling": synthetic.world_ceiling_of_files(base.captions, emb.path,
-                                                           split_seed=base.split_seed)
-               if synthetic_world else None}
+               "world": world, "metrics": keys, "metric": metric,
+               "ceiling": world and synthetic.world_ceiling_of_files(
+                   protocol.base.captions, emb.path, split_seed=protocol.base.split_seed)}
     if protocol.sizes:
         results["sizes"] = [dict(zip(("d_model", "n_layers", "objectives", "untrained"),
                                      (*size, *rows(size)))) for size in protocol.sizes]
@@ -130,12 +125,9 @@ def collect(out, embeddings=None):
         results["objectives"], results["untrained"] = rows()
         results["lr_search"] = {obj: search(protocol, obj, run)
                                 for obj in (protocol.objectives if protocol.lr_per_decade else ())}
+        results["speed"] = speed(results)
     results["chance"] = next((r["chance"] for r in found.values() if "chance" in r), {})
-    results["curves"] = {n: {k: r[k] for k in ("objective", "seed", "curve")}
-                         for n, r in found.items() if "curve" in r}
-    results["speed"] = speed(results)
-    results["runs"] = {n: {k: v for k, v in r.items() if k not in ("curve", "chance", "untrained")}
-                       for n, r in found.items()}
+    results["wall_seconds"] = [r["wall_seconds"] for r in found.values() if "wall_seconds" in r]
     return results
 
 
@@ -147,8 +139,7 @@ def search(protocol, obj, run):
     best = scores.pop(s["chosen"], None)                    # the largest; None while one is missing
     others = [v for v in scores.values() if v is not None and math.isfinite(v)]
     vals = [r["val"] for r in (run(obj, seed) for seed in protocol.seeds) if "val" in r]
-    return {**s, "scores": [v if v is None or math.isfinite(v) else "diverged"
-                            for v in s["scores"]],
+    return {**s, "scores": [v if v is None or v > -math.inf else "diverged" for v in s["scores"]],
             "test": s["chosen"] and run(obj, protocol.seeds[0], s["chosen"]).get("test"),
             "margin": best - max(others) if best is not None and others else None,
             "noise": allowed(float(np.std(vals, ddof=1)), 1, 1) if len(vals) > 1 else None}
@@ -184,32 +175,29 @@ def header(results, title):
             f"split, mean ± sample std (ddof 1) over seeds.", ""]
 
 
-def rows_of(results, picks=True):
-    """[(label, {metric: per-seed list or one number}, published)] of the table."""
-    pub, seed = results["published"], results["protocol"]["seeds"][0]
+def main_table(results):
+    """results.md's table: chance, the untrained encoders, the world's ceiling, the objectives, the
+    lr search's picks; mutual-kNN@10 and R@1 (mean ± std, each seed, published when comparable),
+    then paraphrase R@1; text-only: paraphrase R@1 and each seed."""
+    published, seed = results["published"], results["protocol"]["seeds"][0]
     rows = [("chance", results["chance"], {})]
     rows += [(f"untrained encoder, {a} ({', '.join(u['objectives'])})", u, {})
              for a, u in results["untrained"].items()]
     rows += [(f"world {results['world']} ceiling (scene factors vs images)",
               {"mutual_knn": results["ceiling"]}, {})] * (results["ceiling"] is not None)
-    rows += [(obj, row, pub.get(obj, {})) for obj, row in results["objectives"].items()]
-    return rows + [(f"{obj}, lr search ({s['chosen']:.2e}, seed {seed})" if s["chosen"] else
-                    f"{obj}, lr search (incomplete)", s["test"] or {},
-                    {"mutual_knn": pub.get(obj, {}).get("lr_search")})
-                   for obj, s in (results["lr_search"] if picks else {}).items()]
-
-
-def main_table(results):
-    """results.md's table: mutual-kNN@10 and R@1 (mean ± std, each seed, published when
-    comparable), then paraphrase R@1; text-only: paraphrase R@1 and each seed."""
-    image, pub = "mutual_knn" in results["metrics"], bool(results["published"])
-    keys = {"mutual_knn": "mutual-kNN@10", "R@1": "R@1, caption → image"} if image else {
-        TEXT_KEY: "paraphrase R@1"}
-    head = ["row", *(h for name in keys.values() for h in [name, "per seed"] + ["published"] * pub)]
+    rows += [(obj, row, published.get(obj, {})) for obj, row in results["objectives"].items()]
+    rows += [(f"{obj}, lr search ({s['chosen']:.2e}, seed {seed})" if s["chosen"] else
+              f"{obj}, lr search (incomplete)", s["test"] or {},
+              {"mutual_knn": published.get(obj, {}).get("lr_search")})
+             for obj, s in results["lr_search"].items()]
+    image, pub = "mutual_knn" in results["metrics"], bool(published)
+    keys = ["mutual_knn", "R@1"] if image else [TEXT_KEY]
+    head = ["row", *(h for k in keys
+                     for h in [figures.LABELS[k], "per seed"] + ["published"] * pub)]
     body = [[label, *(c for k in keys for c in [*cells(row.get(k))] + [
         fmt(p[k]) if p.get(k) else ""] * pub)] + [cells(row.get(TEXT_KEY))[0]] * image
-        for label, row, p in rows_of(results)]
-    return md_table(head + ["paraphrase R@1"] * image, body,
+        for label, row, p in rows]
+    return md_table(head + [NAMES[TEXT_KEY]] * image, body,
                     "l" + ("rl" + "r" * pub) * len(keys) + "r" * image)
 
 
@@ -217,9 +205,15 @@ def format_markdown(results, explained="results.md"):
     """results.md of a replicate directory; `explained`: the link to docs/results.md."""
     lines = header(results, "Replication results") + main_table(results) + [""]
     lines += finding(results, explained) + search_lines(results)
-    done = [r["wall_seconds"] for r in results["runs"].values() if "wall_seconds" in r]
-    lines += [f"{len(done)} runs finished; their own times add up to {sum(done) / 60:.1f} min.", "",
-              "## Figures", "", f"How to read each: [docs/results.md]({explained}#the-figures).",
+    done, measures = results["wall_seconds"], diagnose.MEASURES
+    lines += [f"{len(done)} runs finished; their own times add up to {sum(done) / 60:.1f} min.", ""]
+    if results["diagnose"]:
+        lines += ["## What the encoders learned", "", "Held-out R² of the test caption embeddings "
+                  "predicted from each caption's token count, its words, its first two words, or "
+                  "another caption of its photo (diagnose.py says how).", ""] + md_table(
+            ["row", *measures], [[r["row"], *(cells(r[m])[0] for m in measures)]
+                                 for r in results["diagnose"]], "lrrrr") + [""]
+    lines += ["## Figures", "", f"How to read each: [docs/results.md]({explained}#the-figures).",
               ""] + [f"![{f[4:-4]}]({f})" for f in results["figures"]]
     return "\n".join(lines) + "\n"
 
@@ -249,44 +243,42 @@ def finding(results, explained):
     lines = ["## The finding against the claim", "", "Test split; ≈: within noise by the noise "
              "rule" + " (one seed: no spread, so a difference is stated, never judged against "
              "noise)" * one + "; published: COCO with DINOv2 (paraphrase R@1, never published: "
-             "beside mutual-kNN@10's order).",
-             ""]
+             "beside mutual-kNN@10's order).", ""]
     for k in keys:
         mean = {o: float(np.mean(r[k])) for o, r in objs.items()}
-        pub = {o: PUBLISHED[o][k if k in PUBLISHED[o] else "mutual_knn"] for o in objs
-               if o in PUBLISHED}
+        pub = {o: PUBLISHED[o].get(k, PUBLISHED[o]["mutual_knn"]) for o in objs if o in PUBLISHED}
         near = lambda a, b: versus(objs[a][k], objs[b][k])[0] == "within noise"   # noqa: E731
         swapped = [f"{b} above {a}" for a in pub for b in pub if pub[a] > pub[b]
                    and mean[b] > mean[a] and not near(a, b)]
         lines.append(f"- {NAMES[k]}: {chain(mean, near)}" + (f"; published {chain(pub)}" * bool(
             pub)) + (f". **Not the published order**: {', '.join(swapped)}." if swapped else "."))
-    sp, body = results["speed"] or {}, []
+    sp, name = results["speed"] or {}, f"val {NAMES[results['metric']]}"
+    level = fmt(sp.get("level"))
+    start = f"the curves' highest start ({fmt(sp.get('start'))}, step 0: untrained)"
+    head = ["objective", *(NAMES[k] for k in keys)] + [f"steps to {name} {level}"] * bool(
+        sp.get("level"))
+    body = []
     for o, r in objs.items():
-        u = next((u for u in results["untrained"].values() if o in u["objectives"]), None)
+        u = figures.untrained(results, o)
         body.append([o, *("{} ({:+.3f})".format(*versus(r[k], u[k])) if u else "not scored"
                           for k in keys)] + [steps(sp["steps"].get(o, []))] * bool(sp.get("level")))
-    level, name = fmt(sp.get("level")), f"val {NAMES[results['metric']]}"
-    start = f"the curves' highest start ({fmt(sp.get('start'))}, step 0: untrained)"
     said = (f"Steps: the first evaluation at which a seed's {name} reaches {level}, halfway from "
             f"{start} to the best final seed mean ({fmt(sp.get('best'))}); fewer: faster. "
             if sp.get("level") else f"No {name} ends above {start}: none aligns, faster or "
             f"slower. " if sp else "")
     return lines + ["", "Each objective against its untrained encoder (the same encoder at step "
                     "0; test, mean difference), and how fast it aligns:", ""] + md_table(
-        ["objective", *(NAMES[k] for k in keys)] + [f"steps to {name} {level}"] * bool(
-            sp.get("level")), body, "l" * (len(keys) + 2)) + ["", said + "Where the results "
-        f"part from the claim: [docs/results.md]({explained}#where-the-results-part-from-the-"
-        "claim).", ""]
+        head, body, "l" * len(head)) + ["", said + "Where the results part from the claim: "
+        f"[docs/results.md]({explained}#where-the-results-part-from-the-claim).", ""]
 
 
 def speed(results):
     """"Aligns faster": fewer steps for a seed's val curve to first reach one level, halfway from
     the curves' highest start (step 0: untrained) to the best objective's final seed mean; per
     seed the first evaluation step at or above it, None: never (a curve that falls or is flat)."""
-    metric, by = results["metric"], {}
-    for c in results["curves"].values():
-        by.setdefault(c["objective"], []).append(c["curve"])
-    if "sizes" in results or not by:
+    metric = results["metric"]
+    by = {o: r["curves"] for o, r in results["objectives"].items() if r["curves"]}
+    if not by:
         return None
     start = max(c[metric][0] for cs in by.values() for c in cs)
     best = max(float(np.mean([c[metric][-1] for c in cs])) for cs in by.values())
@@ -355,37 +347,16 @@ def format_scaling(results):
 def write_report(out, embeddings=None):
     """`report OUT`: results.json, results.md and the figures; prints the table."""
     out, results = Path(out), collect(out, embeddings)
-    results["figures"] = names = figures.draw(results, out)
+    if "sizes" not in results:
+        results["diagnose"] = diagnose.diagnose(out)
+    results["figures"] = figures.draw(results, out)
     text = format_scaling(results) if "sizes" in results else format_markdown(
         results, Path(os.path.relpath(DEMO.parents[1], out.resolve())) / "results.md")
-    if "sizes" not in results and (rows := diagnose.diagnose(out)):
-        diagnose.figure(rows, out / "fig_diagnose.png")
-        names.append("fig_diagnose.png")
-        text += "\n" + "\n".join(diagnose.markdown(rows)) + "\n"
     runs.write_json(out / "results.json", results)
     runs.atomic_write(out / "results.md", text)
     print(text.split("\n## ")[0].rstrip(), "wrote " + ", ".join(
-        str(out / n) for n in ["results.md", "results.json", *names]), sep="\n")
+        str(out / n) for n in ["results.md", "results.json", *results["figures"]]), sep="\n")
     return results
-
-
-def write_side_by_side(outs, embeddings=None):
-    """`report A B ...`: each one's report, then their rows side by side in compare_A_B.md."""
-    if len({Path(o).resolve() for o in outs}) < len(outs):
-        raise ValueError(f"{outs[0]}: a directory is given twice")
-    results = [write_report(o, embeddings) for o in outs]
-    keys = [k for k in ("mutual_knn", "R@1", TEXT_KEY) if all(k in r["metrics"] for r in results)]
-    tables = [{label: row for label, row, _ in rows_of(r, picks=False)} for r in results]
-    body = [[label] + [cells(t.get(label, {}).get(k))[0] for k in keys for t in tables]
-            for label in dict.fromkeys(label for t in tables for label in t)]
-    head = ["row"] + [f"{NAMES[k]}, {Path(o).name}" for k in keys for o in outs]
-    path = Path(outs[0]).parent / ("compare_" + "_".join(Path(o).name for o in outs) + ".md")
-    text = "\n".join([f"# Side by side: {', '.join(f'`{o}`' for o in outs)}", "",
-                      "Test split, mean ± sample std (ddof 1) over seeds.", ""]
-                     + md_table(head, body, "l" + "r" * (len(head) - 1))) + "\n"
-    runs.atomic_write(path, text)
-    print(text)
-    return path
 
 
 def load_results(path):
