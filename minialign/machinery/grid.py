@@ -172,11 +172,13 @@ def run_memory_mb(cfg, vocab_size):
 def choose_jobs(jobs, per_run_mb, n_runs, cores=None, free_mb=None):
     """--jobs: default one per core, at most n_runs and what fits; too many: ValueError."""
     cores = cores or runs.cores()
-    if free_mb is None:              # Linux's MemAvailable; where the OS has none, not checked
+    if free_mb is None:                   # Linux's MemAvailable, else half the physical memory
         with contextlib.suppress(OSError, IndexError):
             meminfo = Path("/proc/meminfo").read_text()                      # in kB
             free_mb = int(meminfo.split("MemAvailable:")[1].split()[0]) / 1024
-    fit = cores if free_mb is None else int((free_mb - MEM_FREE_MB) // per_run_mb)
+    if free_mb is None and hasattr(os, "sysconf"):                           # macOS
+        free_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**21
+    fit = (jobs or cores) if free_mb is None else int((free_mb - MEM_FREE_MB) // per_run_mb)
     if jobs is None:
         return max(1, min(cores, n_runs, fit))
     if jobs > max(1, fit):
