@@ -42,7 +42,8 @@ class ModelConfig:
         assert self.layers in ("fast", "reference") and self.dtype in ("float32", "float64")
         if self.layers == "fast" and fast is None:
             raise ValueError("a student copy has no fast path: train it with --layers reference")
-        assert self.d_model % self.n_heads == 0, "d_model must divide by n_heads"
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
 
 def layer_set(cfg):

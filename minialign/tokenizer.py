@@ -55,10 +55,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.vocab)
 
+    def pieces(self, caption: str) -> list[int]:
+        """A cleaned caption's word ids, unknown words UNK (WordPiece: the words' pieces)."""
+        return [self.index.get(w, UNK) for w in split_words(caption)]
+
     def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
         """Raw caption -> (ids (n,) int32 = [BOS, w1..wk, EOS] with unknown words UNK,
         truncated): a caption longer than max_len keeps max_len - 1 tokens, then EOS."""
-        words = [self.index.get(w, UNK) for w in split_words(clean_caption(caption))]
+        words = self.pieces(clean_caption(caption))
         truncated = len(words) + 2 > max_len
         ids = [BOS] + words[:max_len - 2] + [EOS]
         return np.array(ids, dtype=np.int32), truncated

@@ -11,9 +11,7 @@ import string
 import unicodedata
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from .tokenizer import BOS, EOS, MAX_LEN, Tokenizer, clean_caption
+from .tokenizer import Tokenizer
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # at ids PAD UNK BOS EOS MASK = 0-4
 MAX_WORD_CHARS = 100    # a longer word is one [UNK] (BERT's max_input_chars_per_word)
@@ -85,13 +83,6 @@ class WordPieceTokenizer(Tokenizer):
                                      for p in word_pieces(word, self.index)]
             ids += self.cache[chunk]
         return ids
-
-    def encode(self, caption: str, max_len: int = MAX_LEN) -> tuple[np.ndarray, bool]:
-        """Tokenizer.encode with pieces for words: (ids (n,) int32 = [BOS, pieces.., EOS],
-        truncated to n <= max_len)."""
-        pieces = self.pieces(clean_caption(caption))
-        ids = [BOS] + pieces[:max_len - 2] + [EOS]
-        return np.array(ids, dtype=np.int32), len(pieces) + 2 > max_len
 
     def decode(self, ids) -> str:
         """Tokenizer.decode with a "##" piece glued to the one before."""

@@ -78,7 +78,7 @@ def test_lr_search_ties_missing_and_diverged_runs_the_grid_run_names_and_sizes()
 @pytest.mark.parametrize("changes, words", [
     (dict(seeds=(0, 0)), "seeds"), (dict(objectives=()), "objectives"),
     (dict(lr_min=1e-2, lr_max=1e-3), "lr_min < lr_max"), (dict(objectives=("views",)), "unknown"),
-    (dict(sizes=((129, 2),), lr_per_decade=0), "D=129"),
+    (dict(sizes=((129, 2),), lr_per_decade=0), "d_model 129 is not divisible by n_heads 2"),
 ])
 def test_a_bad_protocol_is_one_line(changes, words):
     with pytest.raises(ValueError, match=words) as err:

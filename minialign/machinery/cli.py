@@ -62,9 +62,6 @@ def config_from_args(args, **fixed):
     given = {**{k: v for k, v in vars(args).items() if k in fields}, **fixed}
     if given.get("tokenizer") == "wordpiece" and not given.get("vocab"):
         given["vocab"] = "coco/bert-base-uncased-vocab.txt"    # where `make data` puts it
-    if given.get("d_model", 256) % given.get("n_heads", 4):
-        raise ValueError(f"--d-model {given['d_model']} is not divisible by --n-heads "
-                         f"{given['n_heads']}")
     part = lambda cls: {k: v for k, v in given.items() if fields[k][0] is cls}
     return TrainConfig(**part(TrainConfig), model=ModelConfig(**part(ModelConfig)),
                        loss=ObjectiveConfig(**part(ObjectiveConfig)))

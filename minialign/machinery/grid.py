@@ -73,10 +73,8 @@ def run_config(protocol, objective, seed, lr=None, size=None):
     """One run's TrainConfig; lr None: base.lr; size (D, L): H = max(1, D // 64), MLP 4 D."""
     model = protocol.base.model
     if size is not None:
-        heads = max(1, size[0] // HEAD_WIDTH)
-        if size[0] % heads:
-            raise ValueError(f"encoder size D={size[0]}: its {heads} heads do not divide it")
-        model = dataclasses.replace(model, d_model=size[0], n_layers=size[1], n_heads=heads,
+        model = dataclasses.replace(model, d_model=size[0], n_layers=size[1],
+                                    n_heads=max(1, size[0] // HEAD_WIDTH),
                                     mlp_ratio=MLP_RATIO)
     return dataclasses.replace(protocol.base, objective=objective, seed=seed, model=model,
                                lr=protocol.base.lr if lr is None else lr)
@@ -234,10 +232,6 @@ def replicate(protocol, out, jobs=None, embeddings=None, dry_run=False):
     with runs.lock(out):
         save_protocol(out, protocol, embeddings)
         ended, searches = run_grid(protocol, out, jobs, tag, emb)
-    for obj, s in searches.items():
-        print(f"{tag} lr search {obj}: chosen {s['chosen']:.2e} "
-              f"({'interior' if s['interior'] else 'ON THE EDGE'}) of "
-              f"{', '.join(f'{lr:.2e}' for lr in s['lrs'])}", flush=True)
     return {"runs": ended, "lr_search": searches}
 
 
