@@ -41,8 +41,8 @@ def test_a_bad_input_is_one_line_naming_it_before_anything_is_written(tmp_path, 
         assert train_cli(given, out, *map(str, extra)) == 2
         assert one_line(capsys).startswith(f"minialign train: error: {path}:")  # :line: too
         assert not out.exists()
-    for extra, message in [(["--d-model", "30", "--n-heads", "4"], "--d-model 30 is not "
-                                                                    "divisible by --n-heads 4"),
+    for extra, message in [(["--d-model", "30", "--n-heads", "4"], "d_model 30 is not "
+                                                                    "divisible by n_heads 4"),
                            (["--batch-photos", "100"], f"{captions}: batch_photos=100")]:
         assert train_cli(captions, out, *extra) == 2
         assert one_line(capsys).startswith(f"minialign train: error: {message}")
