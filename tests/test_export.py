@@ -21,8 +21,8 @@ TINY_PREPROCESSOR = {"image_processor_type": "BitImageProcessor", "do_convert_rg
 TINY_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
                    patch_size=14, image_size=56)
 META_KEYS = {"model", "revision", "model_config", "model_dtype", "preprocessing", "pooling",
-             "captions_file", "captions_sha256", "num_photos", "seed", "batch_size", "device",
-             "torch_version", "transformers_version", "dtype", "count", "dim"}
+             "captions_file", "captions_sha256", "batch_size", "device", "torch_version",
+             "transformers_version", "dtype", "count", "dim"}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,6 @@ def test_inputs_are_checked_before_any_work(photos, tmp_path, monkeypatch):
     (tmp_path / "e.npz").write_bytes(b"mine")
     with pytest.raises(FileExistsError, match="e.npz: already exists; pass --force"):
         export.run_export(captions, images, tmp_path / "e.npz")
-    with pytest.raises(ValueError, match=r"--num-photos must be in \[1, 6\], got 7"):
-        export.run_export(captions, images, tmp_path / "f.npz", num_photos=7)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npz", "images"]
 
 

@@ -114,11 +114,9 @@ def cmd_export(p):
     p.add_argument("--revision", default=export.DEFAULT_REVISION, help="the pinned commit")
     p.add_argument("--batch-size", type=at_least(1), default=32)
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, mps")
-    p.add_argument("--num-photos", type=int, default=None, help="a seeded subset")
-    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     return lambda a: export.run_export(a.captions, a.images, a.out, a.model, a.revision,
-                                       a.batch_size, a.device, a.num_photos, a.seed, a.force)
+                                       a.batch_size, a.device, a.force)
 
 
 def cmd_synthetic(p):

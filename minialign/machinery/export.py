@@ -15,22 +15,6 @@ DEFAULT_REVISION = "f9e44c814b77203eaa57a6bdbbd535f21ede1415"   # its Hub commit
 POOLING = "CLS token of last_hidden_state (after final LayerNorm)"
 
 
-def captioned_photos(captions, num_photos=None, seed=0):
-    """[(image_id, file_name)] of the captioned photos, sorted by id (num_photos: a random few)."""
-    coco = read_json(captions)
-    try:
-        captioned = {int(a["image_id"]) for a in coco["annotations"]}
-        photos = sorted((int(im["id"]), str(im["file_name"])) for im in coco["images"]
-                        if int(im["id"]) in captioned)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{captions}: not a COCO captions file ({err!r})") from None
-    if num_photos is not None and not 1 <= num_photos <= len(photos):
-        raise ValueError(f"{captions}: --num-photos must be in [1, {len(photos)}], got "
-                         f"{num_photos}")
-    order = np.random.default_rng(seed).permutation(len(photos))[:num_photos]   # None: all
-    return [photos[i] for i in np.sort(order)]
-
-
 def to_rgb(image):
     """Any Pillow image -> 8-bit RGB: alpha composited on white, 16-bit grey scaled, unclipped."""
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
@@ -64,13 +48,19 @@ def load_pretrained(transformers, model_name, revision=DEFAULT_REVISION):
 
 
 def run_export(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT_REVISION,
-               batch_size=32, device="cpu", num_photos=None, seed=0, force=False, save_every=20):
+               batch_size=32, device="cpu", force=False, save_every=20):
     """Embed the captioned photos (files in `images`) into out, inputs checked before the model
     loads; print the file's shape and its `sha256sum` line."""
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: already exists; pass --force to replace it")
-    photos = captioned_photos(captions, num_photos, seed)
+    coco = read_json(captions)
+    try:
+        captioned = {int(a["image_id"]) for a in coco["annotations"]}
+        photos = sorted((int(im["id"]), str(im["file_name"])) for im in coco["images"]
+                        if int(im["id"]) in captioned)                 # [(image_id, file_name)]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{captions}: not a COCO captions file ({err!r})") from None
     paths = [Path(images) / name for _, name in photos]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
@@ -88,12 +78,12 @@ def run_export(captions, images, out, model_name=DEFAULT_MODEL, revision=DEFAULT
               f"--revision {revision} as given (transformers cannot check it)", file=sys.stderr)
     model, processor = load_pretrained(transformers, model_name, revision)
     model = model.to(device).eval()
-    meta = {"model": model_name, "revision": revision, "pooling": POOLING, "seed": seed,
+    meta = {"model": model_name, "revision": revision, "pooling": POOLING,
             "model_config": model.config.to_dict(), "preprocessing": processor.to_dict(),
             "model_dtype": str(next(model.parameters()).dtype), "device": str(device),
             "captions_file": Path(captions).name, "captions_sha256": sha256_file(captions),
-            "num_photos": num_photos, "batch_size": batch_size, "torch_version":
-            torch.__version__, "transformers_version": transformers.__version__}
+            "batch_size": batch_size, "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__}
     made_under = json.dumps(meta, sort_keys=True, default=str)   # str: e.g. a resampling enum
     partial = out.with_name(out.name + ".partial.npz")
     saved = load_npz(partial) if partial.is_file() else None

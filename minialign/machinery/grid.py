@@ -133,13 +133,13 @@ def state(run_dir):
     return "finished" if metrics.is_file() and "final" in runs.read_json(metrics) else None
 
 
-def selection_score(run_dir, emb=None, memo=None):
+def selection_score(run_dir, emb=None):
     """Final val mutual-kNN against emb, else val paraphrase R@1; -inf diverged, None not done."""
     if (found := state(run_dir)) != "finished":
         return -math.inf if found == "diverged" else None
     if emb is None:
         return runs.read_metrics(run_dir)["final"]["val"]["paraphrase_R@1"]
-    return images.score_run(run_dir, emb, memo=memo)["val"]["mutual_knn"]
+    return images.score_run(run_dir, emb)["val"]["mutual_knn"]
 
 
 def wanted_runs(protocol, out, score=selection_score):
@@ -268,12 +268,12 @@ def save_protocol(out, protocol, embeddings=None):
 def run_grid(protocol, out, jobs, tag, emb):
     """Start wanted runs while a slot is free; a failed run (OSError) stops the others. Returns
     ({name: state}, {objective: lr_search}); emb: selection_score's."""
-    running, ended, memo = {}, {}, {}       # {name: process}, {name: state}
+    running, ended = {}, {}       # {name: process}, {name: state}
     log_of = lambda name: out / "logs" / f"{name}.log" if jobs > 1 else None   # None: ours
     say = lambda text: print(f"{tag} {text} | {len(ended)}/{len(wanted)} runs done", flush=True)
     try:
         while True:
-            wanted, searches = wanted_runs(protocol, out, lambda d: selection_score(d, emb, memo))
+            wanted, searches = wanted_runs(protocol, out, lambda d: selection_score(d, emb))
             for name in [n for n in wanted if n not in ended and n not in running]:
                 if found := state(out / "runs" / name):         # a run of an earlier session
                     ended[name] = found

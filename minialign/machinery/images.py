@@ -14,7 +14,7 @@ metrics.collapse_stats of slot 0. chance: mutual kNN K / (N - 1), R@k k / N, par
 import json
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 
@@ -35,6 +35,7 @@ class Embeddings:
     image_ids: np.ndarray    # (N,) int64, ascending, unique
     embeddings: np.ndarray   # (N, D_img) float32, finite
     meta: dict               # {} when the file has none
+    knn_masks: dict = field(default_factory=dict, repr=False)   # {ids.tobytes(): knn_mask}
 
 
 def load_embeddings(path):
@@ -102,13 +103,11 @@ def knn_mask(x):
     return mask
 
 
-def mean_mutual_knn(ids, z_slots, emb, where, memo=None):
-    """Mean over slots of mutual kNN@K of captions z (N, D) with the images of `ids` (N,); memo
-    (a dict) keeps the images' knn masks."""
-    key, memo = (str(emb.path), ids.tobytes()), {} if memo is None else memo
-    if key not in memo:
-        memo[key] = knn_mask(images_of(emb, ids, where))
-    return float(np.mean([np.mean(np.sum(knn_mask(z) & memo[key], axis=1) / K)
+def mean_mutual_knn(ids, z_slots, emb, where):
+    """Mean over slots of mutual kNN@K of captions z (N, D) with the images of `ids` (N,)."""
+    if (key := ids.tobytes()) not in emb.knn_masks:
+        emb.knn_masks[key] = knn_mask(images_of(emb, ids, where))
+    return float(np.mean([np.mean(np.sum(knn_mask(z) & emb.knn_masks[key], axis=1) / K)
                           for z in z_slots]))
 
 
@@ -118,7 +117,7 @@ def slot_rows(slots):
     return ids, [z[positions(slot_ids, ids)] for slot_ids, z in slots]
 
 
-def score_split(slots, emb=None, train_slots=None, where="the split", memo=None):
+def score_split(slots, emb=None, train_slots=None, where="the split"):
     """The scores of one split's load_caption_slots (module docstring); "mutual_knn" if emb (else
     the text side only), "R@k" if train_slots (the train file's, same step)."""
     (ids0, z0), (ids1, z1) = slots[0], slots[1]
@@ -135,7 +134,7 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     if len(ids) <= K:
         raise ValueError(f"{where}: {len(ids)} photos have every caption slot; mutual kNN@{K} "
                          f"needs at least {K + 1}")
-    out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where, memo)
+    out["mutual_knn"] = mean_mutual_knn(ids, z_slots, emb, where)
     out["chance"]["mutual_knn"] = K / (len(ids) - 1)
     if train_slots is not None:
         train_ids, train_z = train_slots[0]
@@ -148,7 +147,7 @@ def score_split(slots, emb=None, train_slots=None, where="the split", memo=None)
     return out
 
 
-def score_run(run_dir, emb=None, step=None, memo=None):
+def score_run(run_dir, emb=None, step=None):
     """{"step", "val": score_split, and "test" (with R@k) if saved at `step`} at `step` (default:
     the last); emb: as score_split."""
     files = {split: caption_files(run_dir, split) for split in ("val", "test", "train")}
@@ -159,19 +158,19 @@ def score_run(run_dir, emb=None, step=None, memo=None):
         raise ValueError(f"{run_dir}: no captions saved at step {step} (steps "
                          f"{list(files['val'])})")
     out = {"step": step, "val": score_split(load_caption_slots(files["val"][step]), emb,
-                                            where=f"{run_dir} val", memo=memo)}
+                                            where=f"{run_dir} val")}
     if step in files["test"]:
         train = load_caption_slots(files["train"][step]) if emb is not None else None
         out["test"] = score_split(load_caption_slots(files["test"][step]), emb, train,
-                                  where=f"{run_dir} test", memo=memo)
+                                  where=f"{run_dir} test")
     return out
 
 
-def curve(run_dir, emb, memo=None):
+def curve(run_dir, emb):
     """{"step": [...], "mutual_knn": [...]}: val mutual kNN@K at every step that saved val."""
     files = caption_files(run_dir, "val")
     return {"step": list(files), "mutual_knn": [
-        mean_mutual_knn(*slot_rows(load_caption_slots(path)), emb, f"{run_dir} val", memo)
+        mean_mutual_knn(*slot_rows(load_caption_slots(path)), emb, f"{run_dir} val")
         for path in files.values()]}
 
 
@@ -179,9 +178,9 @@ def run_evaluate(runs, embeddings=None):
     """`python -m minialign evaluate`: each run's last scores as a table (text side only without
     embeddings), every input read before anything is printed. Returns the rows."""
     emb = None if embeddings is None else load_embeddings(embeddings)
-    rows, memo = [], {}
+    rows = []
     for run_dir in runs:
-        scores = score_run(run_dir, emb, memo=memo)
+        scores = score_run(run_dir, emb)
         config = read_json(Path(run_dir) / "config.json").get("config", {})
         split = "test" if "test" in scores else "val"
         rows.append({"run": str(run_dir), "objective": config.get("objective", "?"),

@@ -62,7 +62,7 @@ def collect(out, embeddings=None):
     emb = images.load_embeddings(path) if path else None
     keys, metric = ([*images.IMAGE_KEYS, TEXT_KEY], "mutual_knn") if emb else ([TEXT_KEY], TEXT_KEY)
     world = emb.meta["world"] if emb and emb.meta.get("synthetic") else None
-    memo, found = {}, {}
+    found = {}
 
     def run(obj, seed, lr=None, size=None):
         """One run's numbers, once; of a seed grid's run (lr None) also step 0 and the curve."""
@@ -73,15 +73,15 @@ def collect(out, embeddings=None):
         r = found[name] = {"seed": seed, "status": (status := grid.state(run_dir)),
                            "size": [cfg.model.d_model, cfg.model.n_layers]}
         if status == "finished":
-            scores, metrics = images.score_run(run_dir, emb, memo=memo), runs.read_metrics(run_dir)
+            scores, metrics = images.score_run(run_dir, emb), runs.read_metrics(run_dir)
             r.update(parameters=runs.read_json(run_dir / "config.json")["info"]["parameters"],
                      val=scores["val"][metric], test={k: scores["test"][k] for k in keys},
                      chance={k: scores["test"]["chance"][k] for k in keys},
                      wall_seconds=metrics.get("wall_seconds", 0.0))
         if (run_dir / "captions" / "test_step00000.npz").is_file() and lr is None:
-            r["untrained"] = images.score_run(run_dir, emb, 0, memo)["test"]
+            r["untrained"] = images.score_run(run_dir, emb, 0)["test"]
         if status == "finished" and lr is None:
-            r["curve"] = {"seed": seed, **(images.curve(run_dir, emb, memo) if emb else {
+            r["curve"] = {"seed": seed, **(images.curve(run_dir, emb) if emb else {
                 "step": [e["step"] for e in metrics["evals"]],
                 TEXT_KEY: [e["val"][TEXT_KEY] for e in metrics["evals"]]})}
         return r
