@@ -257,7 +257,7 @@ def write_class(folder):
                                 for i, c in enumerate(schedule())}}
     for name, mutants in plan.items():
         out = Path(folder) / name
-        course.write_copy(out, solved=list(exercises), student=name)
+        course.write_copy(out, solved=list(exercises))
         for path in {exercises[n].path for n in mutants}:
             text = (out / path).read_text(encoding="utf-8")
             bodies = {n: [mutant_body(text, exercises[n], m)] for n, m in mutants.items()

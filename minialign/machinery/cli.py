@@ -136,7 +136,6 @@ def cmd_exercises(p):
     from . import course
     p.add_argument("out", nargs="?", help="the student copy: a new or empty folder")
     p.add_argument("--solved", nargs="+", type=int, default=(), metavar="N")
-    p.add_argument("--student", help=f"the student's id, written to OUT/{course.STUDENT_FILE}")
     p.add_argument("--restore", nargs="*", type=int, metavar="N", help="default: all")
     p.add_argument("--list", action="store_true", help="list the exercises, write nothing")
 
@@ -148,7 +147,7 @@ def cmd_exercises(p):
             for path in course.restore(a.out, a.restore or None):
                 print(f"restored {path}")
         else:
-            exercises, n_files = course.write_copy(a.out, a.solved, a.student)
+            exercises, n_files = course.write_copy(a.out, a.solved)
             print(f"wrote {a.out}: {n_files} files, {len(exercises)} exercises "
                   f"({len(a.solved)} left solved); docs/course.md says what comes next")
     return run
@@ -163,14 +162,11 @@ def cmd_grade(p):
     p.add_argument("--class", dest="folder", help="grade every copy in this folder against the "
                    "repository's solutions, into one CSV")
     p.add_argument("--out", help="with --class: the CSV (default: FOLDER/grades.csv)")
-    p.add_argument("--regrade", action="store_true", help="with --class: the copies the CSV "
-                   "holds too")
     p.add_argument("--seed", type=at_least(0), help="with --class: the inputs' seed (default: new)")
 
     def run(a):
         if a.folder:
-            course.grade_class(a.folder, a.out, a.numbers or None, a.timeout, None, a.regrade,
-                               a.seed)
+            course.grade_class(a.folder, a.out, a.numbers or None, a.timeout, seed=a.seed)
             return 0
         return int(course.check(a.copy, a.numbers, a.timeout) != 0)
     return run

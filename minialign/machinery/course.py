@@ -27,7 +27,6 @@ START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")
 END = re.compile(r"^( *)# --- end of exercise (\d+) ---$")
 FAST = "minialign/machinery/fast.py"
 LEFT_OUT = ("docs/teacher/", FAST, "tests/test_fast.py")    # prefixes kept out of a copy
-STUDENT_FILE = "student.txt"                                 # a copy's student id, first line
 TIMEOUT = 60.0       # seconds one exercise's tests may run (each takes about one here)
 CASES = "tests/exercise_cases.py"           # what the class grader asks of each exercise
 NUMPY = str(Path(np.__file__).parents[1])    # the folder numpy is imported from
@@ -123,9 +122,9 @@ def repository_files(root=ROOT):
                               for part in p.relative_to(root).parts) and p.suffix != ".pyc")
 
 
-def write_copy(out, solved=(), student=None, root=ROOT):
+def write_copy(out, solved=(), root=ROOT):
     """Write root's student copy into `out` (new or empty, outside root): all but `solved`
-    blanked, `student` in STUDENT_FILE. Refuses before writing; returns (exercises, file count)."""
+    blanked. Refuses before writing; returns (exercises, file count)."""
     out, root = Path(out), Path(root)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: not a new or empty directory")
@@ -140,8 +139,6 @@ def write_copy(out, solved=(), student=None, root=ROOT):
         stubs = {e.number: [e.stub] for e in exercises if e.path == rel and e.number not in solved}
         if stubs:
             dst.write_bytes(splice(src.read_bytes().decode(), rel, stubs).encode())
-    if student:
-        (out / STUDENT_FILE).write_text(f"{student}\n", encoding="utf-8")
     return exercises, len(files)
 
 
@@ -283,19 +280,11 @@ def verdict_of(judge, got):
     return "passed", ""
 
 
-def student_of(folder):
-    """The first word of the copy's student.txt (any bytes), else the folder's name."""
-    path = folder / STUDENT_FILE
-    words = path.read_bytes().decode("utf-8", "replace").split() if path.is_file() else []
-    return words[0] if words else folder.name
-
-
-def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, regrade=False,
-                seed=None):
-    """Grade exercises `numbers` (None: all) of every copy in folder's subfolders against this
-    repository's solutions, on inputs drawn from `seed` (None: a new one), a line per student;
-    the CSV `out` (default: folder/grades.csv), rewritten after each copy, keeps a row per
-    (student, exercise), and a rerun the rows of copies it holds in full unless `regrade`."""
+def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, seed=None):
+    """Grade exercises `numbers` (None: all) of every copy in folder's subfolders (the student:
+    the subfolder's name) against this repository's solutions, on inputs drawn from `seed`
+    (None: a new one), a line per student; the CSV `out` (default: folder/grades.csv), rewritten
+    after each copy, holds a row per (student, exercise). A rerun grades every copy again."""
     folder = Path(folder)
     out = Path(out) if out else folder / "grades.csv"
     copies = sorted(str(p.parent.resolve()) for p in folder.glob("*/minialign") if p.is_dir())
@@ -306,20 +295,16 @@ def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, regr
     spec = importlib.util.spec_from_file_location("exercise_cases", ROOT / CASES)
     cases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cases)
-    rows = [] if regrade or not out.is_file() else read_rows(out)
-    done = {c for c in copies if {int(r["exercise"]) for r in rows if r["copy"] == c} >= {*numbers}}
-    rows = [r for r in rows if r["copy"] in done]
+    rows = []
     seed = np.random.SeedSequence(seed).entropy
     rng = np.random.default_rng(seed)
     judges = [judge_of(n, rng, cases) for n in numbers]
-    print(f"grading {len(copies) - len(done)} of {len(copies)} copies in {folder}" + (
-          f" ({len(done)} graded in {out.name}: --regrade grades them again)" * bool(done)) +
-          f"; inputs: --seed {seed}; children " + ("confined by Landlock" if
-          course_child.landlock_abi() else "NOT confined: no Landlock here (docs/course.md)"),
-          flush=True)
+    print(f"grading {len(copies)} copies in {folder}; inputs: --seed {seed}; children "
+          + ("confined by Landlock" if course_child.landlock_abi() else
+             "NOT confined: no Landlock here (docs/course.md)"), flush=True)
     with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
-        for copy_ in (c for c in copies if c not in done):
-            student = student_of(Path(copy_))
+        for copy_ in copies:
+            student = Path(copy_).name
             verdicts = pool.map(lambda j: verdict_of(j, run_child(copy_, j, timeout)), judges)
             mine = [{"student": student, "copy": copy_, "exercise": j.number,
                      "title": titles[j.number], "status": status,
@@ -346,11 +331,3 @@ def write_rows(out, rows):
         writer.writeheader()
         writer.writerows(rows)
     os.replace(partial, out)
-
-
-def read_rows(out):
-    with open(out, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    if rows and set(rows[0]) != set(COLUMNS):
-        raise ValueError(f"{out}: not a grades CSV of this grader; pass --regrade or --out")
-    return rows
