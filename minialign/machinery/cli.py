@@ -156,20 +156,14 @@ def cmd_exercises(p):
 def cmd_grade(p):
     from . import course
     p.add_argument("numbers", nargs="*", type=at_least(1), metavar="N", help="default: all")
-    p.add_argument("--copy", help="the copy (default: the one holding the working directory)")
+    p.add_argument("--class", dest="folder", required=True, help="grade every copy in this "
+                   "folder (a subfolder a student) against the repository's solutions")
+    p.add_argument("--out", help="the CSV (default: FOLDER/grades.csv)")
     p.add_argument("--timeout", type=at_least(1.0, float), default=course.TIMEOUT,
-                   help="seconds (with --class: for each exercise of each copy)")
-    p.add_argument("--class", dest="folder", help="grade every copy in this folder against the "
-                   "repository's solutions, into one CSV")
-    p.add_argument("--out", help="with --class: the CSV (default: FOLDER/grades.csv)")
-    p.add_argument("--seed", type=at_least(0), help="with --class: the inputs' seed (default: new)")
-
-    def run(a):
-        if a.folder:
-            course.grade_class(a.folder, a.out, a.numbers or None, a.timeout, seed=a.seed)
-            return 0
-        return int(course.check(a.copy, a.numbers, a.timeout) != 0)
-    return run
+                   help="seconds for each exercise of each copy")
+    p.add_argument("--seed", type=at_least(0), help="the inputs' seed (default: a new one)")
+    return lambda a: course.grade_class(a.folder, a.out, a.numbers or None, a.timeout,
+                                        seed=a.seed) and None
 
 
 def cmd_replicate(p, sweep=False):
@@ -241,7 +235,7 @@ COMMANDS = {
     "report": ("write results.md, results.json and the figures of OUT", cmd_report),
     "compare": ("does a results table agree with the demo within the seeds' spread", cmd_compare),
     "exercises": ("the course kit: a student copy with every exercise blanked", cmd_exercises),
-    "grade": ("the course kit: each exercise's tests, one row each", cmd_grade),
+    "grade": ("the course kit: a class's copies against the solutions, into one CSV", cmd_grade),
 }
 
 

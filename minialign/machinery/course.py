@@ -27,7 +27,7 @@ START = re.compile(r"^( *)# --- exercise (\d+): (.+) ---$")
 END = re.compile(r"^( *)# --- end of exercise (\d+) ---$")
 FAST = "minialign/machinery/fast.py"
 LEFT_OUT = ("docs/teacher/", FAST, "tests/test_fast.py")    # prefixes kept out of a copy
-TIMEOUT = 60.0       # seconds one exercise's tests may run (each takes about one here)
+TIMEOUT = 60.0       # seconds one exercise of one copy may take in its child
 CASES = "tests/exercise_cases.py"           # what the class grader asks of each exercise
 NUMPY = str(Path(np.__file__).parents[1])    # the folder numpy is imported from
 READABLE = sorted({str(Path(np.__file__).parent), *map(str, Path(NUMPY).glob("numpy.libs")),
@@ -158,26 +158,6 @@ def restore(copy, numbers=None, root=ROOT):
     for rel, text in texts.items():
         (copy / rel).write_bytes(text.encode())
     return list(texts)
-
-
-def check(copy=None, numbers=(), timeout=None):
-    """The student's own check: pytest on the copy's tests/test_exercises.py (those marked
-    exerciseN for N in numbers, else all), in a child; tests/conftest.py prints a row per
-    exercise. copy: default, the copy holding the working directory. Returns pytest's code."""
-    here = Path.cwd().resolve()
-    found = [p for p in [here, *here.parents] if (p / "minialign" / "__init__.py").is_file()]
-    if copy is None and not found:
-        raise ValueError(f"{here}: no minialign copy here or above (minialign/__init__.py)")
-    copy = Path(copy or found[0]).resolve()
-    marks = " or ".join(f"exercise{n}" for n in numbers) or "not nothing"
-    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-rN", "-p",
-                               "no:cacheprovider", "-m", marks, "tests/test_exercises.py"],
-                              cwd=copy, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        print(f"stopped after {timeout:g} s (a loop that never ends?)")
-        return 1
 
 
 class Judge(NamedTuple):
