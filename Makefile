@@ -77,4 +77,4 @@ bench-torch:     ## the same step beside PyTorch eager, A B A B (pip install tor
 exercises:       ## the student copy: make exercises OUT=../course [SOLVED="1 2"]
 	$(PY) -m minialign exercises $(OUT) $(if $(SOLVED),--solved $(SOLVED))
 grade:           ## check this copy's exercises with its tests, one row each: make grade [N="4 5"]
-	$(PY) -m pytest -q --tb=no tests/test_exercises.py $(if $(N),-m "$(N:%=exercise% or) False") || [ $$? -eq 1 ]
+	$(PY) -m pytest -q --tb=no -rN tests/test_exercises.py $(if $(N),-m "$(N:%=exercise% or) False") || [ $$? -eq 1 ]

@@ -22,8 +22,8 @@ def split_photos(image_ids, split_seed=SPLIT_SEED):
     P = len(image_ids)
     n = min(1000, P // 5)
     if len(np.unique(image_ids)) != P or P - 2 * n < 3 or n < 3:
-        raise ValueError(f"{P} photos with {len(np.unique(image_ids))} distinct ids: a split "
-                         f"into train/val/test of at least 3 photos each needs 15")
+        raise ValueError(f"{P} photos ({len(np.unique(image_ids))} distinct ids) with two or more "
+                         f"captions; train/val/test, val and test a fifth each (>= 3), need 15")
     shuffled = np.argsort(image_ids, kind="stable")[np.random.default_rng(split_seed).permutation(P)]
     return {"train": np.sort(shuffled[2 * n:]).astype(np.int64),
             "val": np.sort(shuffled[:n]).astype(np.int64),

@@ -63,7 +63,7 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the children's scratch folders
     rows = course.grade_class(tmp_path, timeout=5)
     with open(tmp_path / "grades.csv", newline="") as f:
-        assert [len(r) for r in csv.reader(f)] == [7] * (1 + 9 * 14)
+        assert [len(r) for r in csv.reader(f)] == [8] * (1 + 9 * 14)
     s = statuses(rows)
     assert {s[("good", n)][0] for n in ALL} == {"passed"}
     assert s[("exit", 1)] == ("error", "SystemExit: 3 (at minialign/layers.py:2)")

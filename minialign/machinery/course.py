@@ -288,7 +288,8 @@ def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, seed
             verdicts = pool.map(lambda j: verdict_of(j, run_child(copy_, j, timeout)), judges)
             mine = [{"student": student, "copy": copy_, "exercise": j.number,
                      "title": titles[j.number], "status": status,
-                     "points": POINTS[j.number] * (status == "passed"), "detail": detail}
+                     "points": POINTS[j.number] * (status == "passed"), "detail": detail,
+                     "seed": seed}
                     for j, (status, detail) in zip(judges, verdicts)]
             rows += mine
             write_rows(out, rows)
@@ -301,7 +302,7 @@ def grade_class(folder, out=None, numbers=None, timeout=TIMEOUT, jobs=None, seed
     return rows
 
 
-COLUMNS = ["student", "copy", "exercise", "title", "status", "points", "detail"]
+COLUMNS = ["student", "copy", "exercise", "title", "status", "points", "detail", "seed"]
 
 
 def write_rows(out, rows):

@@ -123,9 +123,11 @@ def alignment(results):
             draw.rectangle([x0, px(j, float(np.mean(v)))[1], x1, y0], fill=colour(obj, objs))
             for s, value in enumerate(v):
                 dot(draw, px(j + (s - (len(v) - 1) / 2) * 0.1, value), 8, "white")
-            above = max(v + [base.get(obj, 0)] + [p for p in [pub.get(obj, 0)] if p <= 1.15 * top])
+            above = max(v)                   # the label: over the seeds, and over a line it would hit
+            for line in sorted(x for x in (base.get(obj), pub.get(obj)) if x is not None):
+                above = line if above <= line <= above + 0.08 * top else above
             draw.text(((x0 + x1) / 2, px(j, above)[1] - 14), f"{np.mean(v):.3f}", font=font(24),
-                      fill=INK, anchor="mb")                # above the seeds and the lines
+                      fill=INK, anchor="mb")
             if obj in base:
                 dashed(draw, px(j - 0.38, base[obj]), px(j + 0.38, base[obj]), INK, 5)
             if pub.get(obj, math.inf) <= 1.15 * top:
