@@ -67,7 +67,8 @@ def diagnose(results_dir, seed=0):
     """[{"row", "seeds", measure: [per seed]}]: each seed's untrained encoder, bidirectional and
     causal, then each objective at the protocol's lr, on the test split; [] until a run ends."""
     out = Path(results_dir)
-    lr, rows = runs.read_json(out / "protocol.json")["base"]["lr"], {}
+    protocol, rows = runs.read_json(out / "protocol.json"), {}
+    lr, order = protocol["base"]["lr"], protocol["objectives"]     # rows: the table's order
     done = [(d, cfg) for d in sorted((out / "runs").glob("*")) if grid.state(d) == "finished"
             and (cfg := runs.read_config(d)).lr == lr]
     if done:
@@ -80,5 +81,6 @@ def diagnose(results_dir, seed=0):
             if step in files and cfg.seed not in rows.setdefault(row, {}):
                 rows[row][cfg.seed] = measure(files[step], captions, tok, cfg.model.max_len,
                                               memo, seed)
+    first = lambda r: (r[:9] != "untrained", r in order and order.index(r))   # noqa: E731
     return [{"row": r, "seeds": sorted(rows[r]), **{m: [rows[r][s][m] for s in sorted(rows[r])]
-            for m in MEASURES}} for r in sorted(rows, key=lambda r: r[:9] != "untrained")]
+            for m in MEASURES}} for r in sorted(rows, key=first)]
