@@ -5,7 +5,6 @@ input, 3 a run diverged, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
 import argparse
 import contextlib
 import ctypes
-import dataclasses
 import math
 import os
 import signal
@@ -28,13 +27,6 @@ def keep_freed_memory():
         libc.mallopt(-1, 2**30)                            # M_TRIM_THRESHOLD: keep 1 GB
 
 
-def config_fields():
-    """{field: (its config class, its default)} of TrainConfig, ModelConfig, ObjectiveConfig."""
-    from ..train import ModelConfig, ObjectiveConfig, TrainConfig
-    return {f.name: (cls, f.default) for cls in (TrainConfig, ModelConfig, ObjectiveConfig)
-            for f in dataclasses.fields(cls) if f.name not in ("model", "loss", "vocab_size")}
-
-
 POSITIVE = {"steps", "batch_photos", "eval_every", "min_count", "max_len", "d_model",
             "n_layers", "n_heads", "mlp_ratio"}
 CHOICES = {"layers": ("fast", "reference"), "dtype": ("float32", "float64"),
@@ -44,6 +36,7 @@ HELP = {"captions": "captions: .csv, .jsonl or COCO .json"}
 
 def add_config_flags(p, skip=()):
     """One flag per config field (--d-model, --mask-rate, ...), default the replication's."""
+    from .runs import config_fields
     from .variants import OBJECTIVES        # the three, and the named variants
     for name, (_, default) in config_fields().items():
         kind = (at_least(0.0, float, 1) if name in ("mask_rate", "min_lr_ratio") else
@@ -58,6 +51,7 @@ def add_config_flags(p, skip=()):
 
 def config_from_args(args, **fixed):
     from ..train import ModelConfig, ObjectiveConfig, TrainConfig
+    from .runs import config_fields
     fields = config_fields()
     given = {**{k: v for k, v in vars(args).items() if k in fields}, **fixed}
     if given.get("tokenizer") == "wordpiece" and not given.get("vocab"):

@@ -22,7 +22,6 @@ from ..checkpoint import config_json, first_difference
 from ..objectives import CAUSAL
 from ..train import TrainConfig, init_weights, prepare, train
 from . import images, runs
-from .cli import config_fields
 
 OBJECTIVES, SEEDS = ("good_views", "bad_views", "next_token"), (0, 1, 2)   # the replication's
 WIDTHS, DEPTHS, CENTER = (64, 128, 256, 512), (2, 4, 8), (256, 4)   # the scaling sweep
@@ -203,7 +202,7 @@ def train_argv(cfg, run_dir):
     argv = [sys.executable, "-m", "minialign", "train", "--out", str(run_dir), "--resume",
             "--threads", "1"]
     values = {**vars(cfg), **vars(cfg.model), **vars(cfg.loss)}
-    for key, (_, default) in config_fields().items():
+    for key, (_, default) in runs.config_fields().items():
         if key in ("objective", "captions", "seed", "lr") or values[key] != default:
             argv += ["--" + key.replace("_", "-"), str(values[key])]
     return argv

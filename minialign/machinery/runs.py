@@ -3,6 +3,7 @@ config.json {"config": TrainConfig, "info"}, log.jsonl (a line a step), metrics.
 captions/<split>_stepNNNNN.npz (slot{s}_image_ids (P_s,) int64, slot{s}_z (P_s, D) float16),
 checkpoint.npz, model.npz, diverged.json, .lock. Image scores are never stored (images.py)."""
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from ..model import encode
 from ..objectives import CAUSAL, OBJECTIVES
 from ..tokenizer import Tokenizer, pad_batch
 from ..checkpoint import atomic_write, embed, savez, sha256_file, write_json  # noqa: F401
-from ..train import TrainConfig
+from ..train import ModelConfig, ObjectiveConfig, TrainConfig
 from ..wordpiece import SPECIALS as WORDPIECE_SPECIALS, WordPieceTokenizer
 from . import variants  # noqa: F401 (a run of a named variant names it in its config)
 
@@ -91,6 +92,13 @@ def read_config(run_dir):
         return TrainConfig(**read_json(path)["config"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a minialign run config ({err})") from None
+
+
+def config_fields():
+    """{field: (its config class, its default)} of TrainConfig, ModelConfig, ObjectiveConfig:
+    a flag of train each (cli.py), an argument of each run a grid starts (grid.py)."""
+    return {f.name: (cls, f.default) for cls in (TrainConfig, ModelConfig, ObjectiveConfig)
+            for f in dataclasses.fields(cls) if f.name not in ("model", "loss", "vocab_size")}
 
 
 def read_metrics(run_dir):
