@@ -126,10 +126,12 @@ def test_the_solved_copy_encodes_with_the_reference_layers(solved):
 
 
 def make_grade(copy, *marks):
-    """`make grade` in a copy: (pytest's exit code, the rows conftest.py prints)."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-p", "no:cacheprovider",
-                          "tests/test_exercises.py", *marks], cwd=copy, capture_output=True,
-                         text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    """`make grade` in a copy, as a bare `pytest` runs it (-I: neither PYTHONPATH nor the working
+    directory on sys.path; pyproject's pythonpath alone makes it the copy's minialign):
+    (pytest's exit code, the rows conftest.py prints)."""
+    run = subprocess.run([sys.executable, "-I", "-m", "pytest", "-q", "--tb=no", "-p",
+                          "no:cacheprovider", "tests/test_exercises.py", *marks], cwd=copy,
+                         capture_output=True, text=True)
     return run.returncode, [r for r in run.stdout.splitlines() if re.match(r" *\d+  ", r)]
 
 

@@ -2,6 +2,7 @@
 and nothing a copy's code does reaches a verdict, another copy, the teacher's files or the CSV.
 """
 import csv
+import re
 import sys
 import tempfile
 import time
@@ -79,6 +80,7 @@ def test_a_class_always_finishes_with_a_row_per_exercise_and_student(tmp_path, c
                     if str(tmp_path).encode() in read(p)]
     printed = capsys.readouterr().out
     assert printed.count(" / 35 points") == 9
+    assert {str(r["seed"]) for r in rows} == {re.search(r"--seed (\d+);", printed)[1]}
 
 
 @confined
